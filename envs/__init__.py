@@ -1,1 +1,45 @@
-"""forgestream envs."""
+"""Task domains behind one `Environment` interface (see envs/base.py).
+
+`get_environment(domain)` builds a domain's environment; domain modules are imported lazily so a
+process that only needs arith never imports household (and vice versa). Judge prompt helpers
+live in envs/judging.py and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from envs.base import Direction, Environment, Episode, StepResult
+from envs.judging import judge_prompt, parse_boxed, parse_verdict
+
+# domain -> (module, class); modules are imported on first use.
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "household": ("envs.household", "HouseholdEnv"),
+    "arith": ("envs.arith", "ArithEnv"),
+    "code": ("envs.code", "CodeEnv"),
+}
+
+DOMAINS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def get_environment(domain: str) -> Environment:
+    """A fresh environment for `domain` (one of DOMAINS); environments are stateless, cheap to build."""
+    try:
+        module_name, class_name = _REGISTRY[domain]
+    except KeyError:
+        raise ValueError(f"unknown domain {domain!r}; expected one of {', '.join(DOMAINS)}") from None
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls()
+
+
+__all__ = [
+    "DOMAINS",
+    "Direction",
+    "Environment",
+    "Episode",
+    "StepResult",
+    "get_environment",
+    "judge_prompt",
+    "parse_boxed",
+    "parse_verdict",
+]
