@@ -85,6 +85,8 @@ class SchedulerConfig(Config, frozen=True, kw_only=True):
     eta: NonNegInt = 2
     """Staleness bound: samples at most eta versions behind the learner."""
     poll_s: PosFloat = 0.5
+    request_timeout_s: PosFloat = 900.0
+    """A request whose group is still unjudged after this long stops counting as running."""
 
 
 class ActorConfig(Config, frozen=True, kw_only=True):
