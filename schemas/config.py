@@ -124,6 +124,8 @@ class EnvModelConfig(Config, frozen=True, kw_only=True):
     kind: Literal["rule", "llm"] = "rule"
     max_attempts: PosInt = 8
     """Proposals tried before giving up on one event (duplicate signatures, unsolvable)."""
+    llm_candidates: Annotated[int, Meta(ge=2, le=16)] = 3
+    """kind = "llm": rule-based candidates the model chooses among."""
 
 
 class LearnerConfig(Config, frozen=True, kw_only=True):
