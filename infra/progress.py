@@ -1,0 +1,160 @@
+"""Fold the bus's own topics into the figures people watch: versions, success, tasks, variants.
+
+Everything here is derived from the event topics themselves (weights, tasks, task events, judged
+trajectories, dead letters) plus the learners' metrics, so `status`, the live view of `up` and
+`report` agree with each other and work for a stopped system as well as a running one.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import events as ev
+from schemas import topics as tp
+
+# Topics whose records feed Progress (read in full by `status` and `report`, followed by `up`).
+PROGRESS_TOPICS = [tp.WEIGHTS, tp.TASKS, tp.TASK_EVENTS, tp.JUDGED, tp.METRICS, tp.DLQ]
+
+
+@dataclass
+class Series:
+    """A time series sampled whenever the value changes."""
+
+    t: list[float] = field(default_factory=list)
+    y: list[float] = field(default_factory=list)
+
+    def add(self, t: float, y: float) -> None:
+        if self.y and self.y[-1] == y and self.t[-1] == t:
+            return
+        self.t.append(t)
+        self.y.append(y)
+
+
+@dataclass
+class Progress:
+    success_window: int = 128
+    versions: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, ev.TaskSpec] = field(default_factory=dict)
+    judged_keys: set[str] = field(default_factory=set)
+    outcomes: collections.deque[int] = field(default_factory=collections.deque)
+    accepted: set[str] = field(default_factory=set)
+    rejected: set[str] = field(default_factory=set)
+    task_events: int = 0
+    dlq: int = 0
+    samples_trained: dict[str, float] = field(default_factory=dict)
+    staleness: list[float] = field(default_factory=list)
+    verdict_agree: int = 0
+    verdict_total: int = 0
+    metrics_last: dict[str, float] = field(default_factory=dict)
+    series: dict[str, Series] = field(default_factory=lambda: collections.defaultdict(Series))
+    difficulty_snapshots: list[tuple[float, dict[int, int]]] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+    # --- folding ---
+    def apply(self, topic: str, value: Any, timestamp: float) -> None:
+        """Fold one decoded record of a PROGRESS_TOPICS topic (logical name) observed at `timestamp`."""
+        if topic == tp.WEIGHTS:
+            self.versions[value.model] = max(self.versions.get(value.model, 0), value.version)
+            self.series[f"{value.model}_version"].add(timestamp, self.versions[value.model])
+        elif topic == tp.TASKS:
+            self.tasks[value.task_id] = value
+            self.series["tasks_active"].add(timestamp, self.count_status("active"))
+            self.series["tasks_pending"].add(timestamp, self.count_status("pending"))
+            self.difficulty_snapshots.append((timestamp, self.difficulty_spread()))
+        elif topic == tp.TASK_EVENTS:
+            self.task_events += 1
+            if value.kind == "accepted":
+                self.accepted.add(value.task_id)
+            elif value.kind == "rejected":
+                self.rejected.add(value.task_id)
+            self.series["variants_accepted"].add(timestamp, len(self.accepted))
+            self.series["variants_rejected"].add(timestamp, len(self.rejected))
+        elif topic == tp.JUDGED:
+            self._apply_judged(value, timestamp)
+        elif topic == tp.METRICS:
+            self._apply_metric(value, timestamp)
+        elif topic == tp.DLQ:
+            self.dlq += 1
+            self.series["dlq"].add(timestamp, self.dlq)
+
+    def _apply_judged(self, judged: ev.JudgedTrajectory, timestamp: float) -> None:
+        if judged.key in self.judged_keys:  # at-least-once delivery: count effects, not deliveries
+            return
+        self.judged_keys.add(judged.key)
+        outcome = judged.trajectory.outcome
+        self.outcomes.append(outcome)
+        while len(self.outcomes) > self.success_window:
+            self.outcomes.popleft()
+        # Verdict agreement: a verdict agrees when it has the sign of the rollout's outcome.
+        for step in judged.steps:
+            for verdict in step.verdicts:
+                if verdict != 0:
+                    self.verdict_total += 1
+                    self.verdict_agree += int(verdict == outcome)
+        self.series["trajectories"].add(timestamp, len(self.judged_keys))
+        self.series["success_rate"].add(timestamp, self.success_rate)
+        if self.verdict_total:
+            self.series["verdict_agreement"].add(timestamp, self.verdict_agree / self.verdict_total)
+
+    def _apply_metric(self, metric: ev.Metric, timestamp: float) -> None:
+        self.metrics_last[metric.name] = metric.value
+        if metric.name.endswith("staleness"):
+            self.staleness.append(metric.value)
+        for model in ("policy", "reward"):
+            if metric.name == f"learner/{model}/samples_trained":
+                # Cumulative counter per learner process; a restarted learner resumes its count.
+                self.samples_trained[model] = max(self.samples_trained.get(model, 0.0), metric.value)
+                self.series[f"{model}_samples_trained"].add(timestamp, self.samples_trained[model])
+            if metric.name == f"learner/{model}/version":
+                self.versions[model] = max(self.versions.get(model, 0), int(metric.value))
+
+    # --- views ---
+    def count_status(self, status: str) -> int:
+        return sum(1 for t in self.tasks.values() if t.status == status)
+
+    def difficulty_spread(self) -> dict[int, int]:
+        spread: dict[int, int] = collections.Counter()
+        for task in self.tasks.values():
+            if task.status == "active":
+                spread[task.difficulty] += 1
+        return dict(sorted(spread.items()))
+
+    @property
+    def success_rate(self) -> float:
+        return sum(o > 0 for o in self.outcomes) / len(self.outcomes) if self.outcomes else 0.0
+
+    def trajectories_per_s(self, window_s: float = 60.0) -> float:
+        s = self.series.get("trajectories")
+        if not s or len(s.t) < 2:
+            return 0.0
+        t_end = s.t[-1]
+        i = next((k for k, t in enumerate(s.t) if t >= t_end - window_s), 0)
+        dt = t_end - s.t[i]
+        return (s.y[-1] - s.y[i]) / dt if dt > 0 else 0.0
+
+    def snapshot(self, lag: dict[str, int] | None = None) -> dict[str, Any]:
+        """The `forgestream status --json` document."""
+        return {
+            "policy_version": self.versions.get("policy", 0),
+            "reward_version": self.versions.get("reward", 0),
+            "trajectories": len(self.judged_keys),
+            "samples_trained": int(self.samples_trained.get("policy", 0)),
+            "reward_samples_trained": int(self.samples_trained.get("reward", 0)),
+            "tasks_active": self.count_status("active"),
+            "tasks_pending": self.count_status("pending"),
+            "tasks_retired": self.count_status("retired"),
+            "task_events": self.task_events,
+            "variants_accepted": len(self.accepted),
+            "variants_rejected": len(self.rejected),
+            "success_rate": round(self.success_rate, 4),
+            "trajectories_per_s": round(self.trajectories_per_s(), 3),
+            "staleness_mean": round(sum(self.staleness) / len(self.staleness), 3) if self.staleness else 0.0,
+            "verdict_agreement": round(self.verdict_agree / self.verdict_total, 4)
+            if self.verdict_total
+            else 0.0,
+            "dlq": self.dlq,
+            "lag": dict(lag or {}),
+        }

@@ -1,0 +1,123 @@
+"""Progress folding (the status figures) and the HTML/PNG report, on hand-built events."""
+
+from __future__ import annotations
+
+import json
+
+from infra.progress import Progress
+from infra.report import write_report
+from schemas import events as ev
+from schemas import topics as tp
+
+SHA = "0" * 64
+
+
+def _task(task_id: str, status: str = "active", difficulty: int = 0) -> ev.TaskSpec:
+    return ev.TaskSpec(
+        task_id=task_id, domain="arith", difficulty=difficulty, params={}, seed=1, status=status
+    )
+
+
+def _judged(request_id: str, rollout: int, outcome: int, verdicts: list[int]) -> ev.JudgedTrajectory:
+    step = ev.Step(
+        index=0,
+        prompt="p",
+        response="r",
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        behaviour_logprobs=[-0.5],
+        policy_version=0,
+    )
+    traj = ev.Trajectory(
+        request_id=request_id,
+        rollout_index=rollout,
+        group_size=2,
+        task=_task("t0"),
+        steps=[step],
+        outcome=outcome,
+    )
+    judgements = [
+        ev.Judgement(verdict=v, prompt_token_ids=[1], response_token_ids=[2], behaviour_logprobs=[-0.1])
+        for v in verdicts
+    ]
+    return ev.JudgedTrajectory(
+        trajectory=traj, steps=[ev.StepJudgement(step_index=0, judgements=judgements)], reward_version=0
+    )
+
+
+def test_progress_counts_effects_not_deliveries_and_derives_every_status_key():
+    p = Progress()
+    p.apply(tp.WEIGHTS, ev.WeightsPublished(model="policy", version=3, uri="x", sha256=SHA, bytes=1), 10.0)
+    p.apply(tp.WEIGHTS, ev.WeightsPublished(model="policy", version=2, uri="x", sha256=SHA, bytes=1), 11.0)
+    p.apply(tp.WEIGHTS, ev.WeightsPublished(model="reward", version=1, uri="x", sha256=SHA, bytes=1), 11.0)
+    p.apply(tp.TASKS, _task("a"), 12.0)
+    p.apply(tp.TASKS, _task("b", "pending", 1), 12.0)
+    p.apply(tp.TASKS, _task("b", "active", 1), 13.0)  # the same key again: last value wins
+    p.apply(tp.TASKS, _task("c", "pending", 2), 13.0)
+    good = _judged("r1", 0, 1, [1, 1, -1])
+    p.apply(tp.JUDGED, good, 14.0)
+    p.apply(tp.JUDGED, good, 14.5)  # redelivered duplicate
+    p.apply(tp.JUDGED, _judged("r1", 1, -1, [-1, 0, 1]), 15.0)
+    p.apply(
+        tp.TASK_EVENTS,
+        ev.TaskEvent(event_id="e1", task_id="b", task_version=1, kind="accepted", accuracy=0.5, rollouts=8),
+        16.0,
+    )
+    p.apply(
+        tp.TASK_EVENTS,
+        ev.TaskEvent(event_id="e2", task_id="d", task_version=1, kind="rejected", accuracy=0.0, rollouts=8),
+        16.0,
+    )
+    p.apply(
+        tp.METRICS, ev.Metric(role="policy-learner", name="learner/policy/samples_trained", value=40), 17.0
+    )
+    p.apply(
+        tp.METRICS, ev.Metric(role="policy-learner", name="learner/policy/samples_trained", value=64), 18.0
+    )
+    p.apply(tp.METRICS, ev.Metric(role="policy-learner", name="staleness", value=1), 18.0)
+    p.apply(tp.METRICS, ev.Metric(role="policy-learner", name="staleness", value=2), 18.0)
+    p.apply(
+        tp.DLQ,
+        ev.DeadLetter(source_topic="x", partition=0, offset=1, key=None, value=b"?", error="bad"),
+        19.0,
+    )
+
+    snap = p.snapshot(lag={"actors": 3})
+    assert snap["policy_version"] == 3 and snap["reward_version"] == 1
+    assert snap["trajectories"] == 2
+    assert snap["success_rate"] == 0.5
+    assert snap["tasks_active"] == 2 and snap["tasks_pending"] == 1
+    assert snap["variants_accepted"] == 1 and snap["variants_rejected"] == 1
+    assert snap["samples_trained"] == 64
+    assert snap["staleness_mean"] == 1.5
+    # verdicts with the outcome's sign: rollout 0 (+1): 1,1 agree, -1 not; rollout 1 (-1): -1 agrees, 1 not, 0 skipped
+    assert snap["verdict_agreement"] == round(3 / 5, 4)
+    assert snap["dlq"] == 1 and snap["lag"] == {"actors": 3}
+    assert p.difficulty_spread() == {0: 1, 1: 1}
+
+
+def test_report_writes_every_plot_and_a_page(tmp_path):
+    p = Progress()
+    for i in range(6):
+        p.apply(
+            tp.WEIGHTS,
+            ev.WeightsPublished(model="policy", version=i, uri="x", sha256=SHA, bytes=1),
+            100.0 + 30 * i,
+        )
+        p.apply(tp.JUDGED, _judged(f"r{i}", 0, 1 if i % 2 else -1, [1, -1, 1]), 101.0 + 30 * i)
+    p.apply(tp.TASKS, _task("a"), 100.0)
+    index = write_report(p, tmp_path / "report")
+    page = index.read_text()
+    for name in [
+        "success_rate",
+        "versions",
+        "variants",
+        "verdict_agreement",
+        "throughput",
+        "difficulty",
+        "staleness",
+    ]:
+        png = tmp_path / "report" / f"{name}.png"
+        assert png.stat().st_size > 1000, name
+        assert f'src="{name}.png"' in page
+    assert json.loads((tmp_path / "report" / "summary.json").read_text())["policy_version"] == 5
