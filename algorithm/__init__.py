@@ -1,1 +1,57 @@
-"""forgestream algorithm."""
+"""forgestream algorithm: the RLAnything math as pure functions (no I/O, nothing else of ours).
+
+Importing this package does not import torch: `policy_loss` (the only torch user) is loaded on
+first access, so roles that only need rewards start fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from algorithm.rewards import (
+    INVALID_VERDICT_REWARD,
+    STD_EPS,
+    consistency_raw,
+    consistency_rewards,
+    cure_test_raw,
+    cure_test_rewards,
+    integrated_rewards,
+    step_advantages,
+    zscore,
+)
+from algorithm.staleness import capacity, drop_zero_advantage, filter_stale
+from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
+
+if TYPE_CHECKING:
+    from algorithm.loss import policy_loss
+
+__all__ = [
+    "HIGH",
+    "INVALID_VERDICT_REWARD",
+    "LOW",
+    "STD_EPS",
+    "Direction",
+    "accept",
+    "capacity",
+    "consistency_raw",
+    "consistency_rewards",
+    "cure_test_raw",
+    "cure_test_rewards",
+    "direction",
+    "drop_zero_advantage",
+    "filter_stale",
+    "group_accuracy",
+    "high_risk_steps",
+    "integrated_rewards",
+    "policy_loss",
+    "step_advantages",
+    "zscore",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "policy_loss":
+        from algorithm.loss import policy_loss
+
+        return policy_loss
+    raise AttributeError(f"module 'algorithm' has no attribute {name!r}")

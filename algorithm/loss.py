@@ -1,0 +1,99 @@
+"""Decoupled PPO loss with a truncated importance weight and k3-KL to the proximal policy.
+
+Three policies meet here (DESIGN section 2, "off-policy correction"):
+- behaviour: the (possibly stale) weights an actor sampled with; logprobs recorded per token;
+- proximal: the learner's weights before this update (recomputed by the learner, no grad);
+- current: the weights being optimised (`logp`, with grad).
+The clip acts on ratio = pi/pi_prox, so the trust region is around the proximal policy however
+stale the behaviour policy was; the importance weight w = min(pi_prox/pi_behav, is_cap) corrects
+the off-policy sampling and is a constant (detached). With behav == prox, w == 1 and this is plain
+PPO-clip plus the KL term.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def policy_loss(
+    logp: Tensor,
+    prox_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip: float = 0.2,
+    kl_coef: float = 0.01,
+    is_cap: float = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Loss of a batch of samples and its diagnostics.
+
+    Shapes: `logp`, `prox_logp`, `behav_logp`, `mask` are [B, T] (mask is 1 on response tokens);
+    `advantages` is [B] (one scalar per sample, applied to each of its tokens) or [B, T].
+
+    Per token: `-w * min(ratio * A, clamp(ratio, 1 - clip, 1 + clip) * A) + kl_coef * k3`, with
+    ratio = exp(logp - prox), w = min(exp(prox - behav), is_cap) (detached) and
+    k3 = exp(prox - logp) - (prox - logp) - 1 (>= 0, an unbiased estimate of KL(current || prox)).
+    The loss is the masked token mean per sample, then the mean over samples that have at least
+    one response token (0 if none has).
+
+    Diagnostics (floats, over all response tokens of the batch): clip_fraction (|ratio - 1| > clip),
+    is_weight_mean, is_weight_max (of the truncated weight), is_truncated_fraction (raw weight >
+    is_cap), kl (mean k3), ratio_mean; advantage_mean over the samples counted in the loss.
+    """
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("mask", mask)):
+        if t.shape != logp.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logp.shape[0]:
+            raise ValueError(f"advantages has {advantages.shape[0]} samples, logp has {logp.shape[0]}")
+        token_adv = advantages.unsqueeze(1).expand_as(logp)
+    elif advantages.shape == logp.shape:
+        token_adv = advantages
+    else:
+        raise ValueError(f"advantages must be [B] or [B, T], got shape {tuple(advantages.shape)}")
+
+    mask = mask.to(logp.dtype)
+    prox_logp = prox_logp.detach()
+    token_adv = token_adv.detach().to(logp.dtype)
+
+    log_ratio = logp - prox_logp
+    ratio = torch.exp(log_ratio)
+    surrogate = torch.minimum(ratio * token_adv, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * token_adv)
+    raw_weight = torch.exp(prox_logp - behav_logp.detach())
+    weight = torch.clamp(raw_weight, max=is_cap)
+    k3 = torch.exp(-log_ratio) + log_ratio - 1.0
+    per_token = -weight * surrogate + kl_coef * k3
+
+    tokens_per_sample = mask.sum(dim=1)
+    has_tokens = tokens_per_sample > 0
+    per_sample = (per_token * mask).sum(dim=1) / tokens_per_sample.clamp(min=1.0)
+    n_samples = has_tokens.sum()
+    if n_samples > 0:
+        loss = per_sample[has_tokens].mean()
+    else:
+        loss = (per_token * mask).sum()  # 0, still attached to the graph
+
+    with torch.no_grad():
+        n_tokens = mask.sum()
+        selected = mask > 0
+
+        def token_mean(x: Tensor) -> float:
+            return float((x * mask).sum() / n_tokens) if n_tokens > 0 else 0.0
+
+        diagnostics = {
+            "clip_fraction": token_mean(((ratio - 1.0).abs() > clip).to(logp.dtype)),
+            "is_weight_mean": token_mean(weight),
+            "is_weight_max": float(weight[selected].max()) if n_tokens > 0 else 0.0,
+            "is_truncated_fraction": token_mean((raw_weight > is_cap).to(logp.dtype)),
+            "kl": token_mean(k3),
+            "ratio_mean": token_mean(ratio),
+            "advantage_mean": (
+                float((token_adv * mask).sum(dim=1)[has_tokens].div(tokens_per_sample[has_tokens]).mean())
+                if n_samples > 0
+                else 0.0
+            ),
+        }
+    return loss, diagnostics

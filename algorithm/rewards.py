@@ -1,0 +1,120 @@
+"""Rewards and advantages of RLAnything (DESIGN section 2), as plain-Python functions.
+
+Every z-score here uses the *population* standard deviation (divide by n) and treats a spread of
+at most `STD_EPS` as no spread: the whole set then gets advantage 0. Verdicts are +1 (good step),
+-1 (bad step) or 0 (the judge's answer could not be parsed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+STD_EPS = 1e-8  # a standard deviation at or below this is treated as zero: no signal
+VALID_VERDICTS = (1, -1, 0)
+INVALID_VERDICT_REWARD = -2.0  # consistency reward of an unparseable judgement (paper's released code)
+
+
+def zscore(values: Sequence[float]) -> list[float]:
+    """(v - mean) / std with the population std; fewer than 2 values or std <= STD_EPS -> all 0."""
+    n = len(values)
+    if n < 2:
+        return [0.0] * n
+    mean = math.fsum(values) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n)
+    if std <= STD_EPS:
+        return [0.0] * n
+    return [(v - mean) / std for v in values]
+
+
+def _check_verdicts(verdicts: Sequence[int], where: str) -> None:
+    for s in verdicts:
+        if s not in VALID_VERDICTS:
+            raise ValueError(f"verdict {s!r} at {where} is not one of +1, -1, 0")
+
+
+def integrated_rewards(outcome: float, verdicts: Sequence[Sequence[int]], lam: float = 1.0) -> list[float]:
+    """Integrated step rewards of one rollout: `R_i = outcome + lam * mean(verdicts[i])`.
+
+    `verdicts[i]` holds the m verdicts about step i; an unparseable verdict (0) counts as 0 in
+    the mean (it dilutes the judges' opinion rather than being skipped). A step without any
+    verdict is an error: the judge must have produced m >= 1 of them.
+    """
+    rewards = []
+    for i, step_verdicts in enumerate(verdicts):
+        if len(step_verdicts) == 0:
+            raise ValueError(f"step {i} has no verdicts (m must be >= 1)")
+        _check_verdicts(step_verdicts, f"step {i}")
+        rewards.append(outcome + lam * math.fsum(step_verdicts) / len(step_verdicts))
+    return rewards
+
+
+def step_advantages(rewards: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Per-step advantages of a group: `rewards[r][k]` is rollout r's reward at step k (ragged).
+
+    For every step index k, the rewards of the rollouts that reached step k (len > k) are
+    z-scored together (population std). A step index reached by a single rollout, or whose
+    rewards do not spread (std <= STD_EPS), gets advantage 0. The result has the shape of
+    `rewards`.
+    """
+    advantages = [[0.0] * len(r) for r in rewards]
+    longest = max((len(r) for r in rewards), default=0)
+    for k in range(longest):
+        reached = [r for r in range(len(rewards)) if len(rewards[r]) > k]
+        for r, a in zip(reached, zscore([rewards[r][k] for r in reached]), strict=True):
+            advantages[r][k] = a
+    return advantages
+
+
+def consistency_raw(step_reward: float, verdicts: Sequence[int]) -> list[float]:
+    """Raw reward-model rewards of the m verdicts about one step, before the z-score.
+
+    A verdict s in {+1, -1} earns `step_reward * s` (agreeing with the integrated reward is good);
+    an unparseable verdict (0) earns INVALID_VERDICT_REWARD (-2).
+    """
+    _check_verdicts(verdicts, "consistency_raw")
+    return [step_reward * s if s != 0 else INVALID_VERDICT_REWARD for s in verdicts]
+
+
+def consistency_rewards(step_reward: float, verdicts: Sequence[int]) -> list[float]:
+    """Reward-model advantages of the m verdicts about one step: `zscore(consistency_raw(...))`.
+
+    Zero variance (e.g. all verdicts equal, or m == 1) -> all 0.
+    """
+    return zscore(consistency_raw(step_reward, verdicts))
+
+
+def cure_test_raw(
+    test_correct: Sequence[bool], passes: Sequence[Sequence[bool]], program_correct: Sequence[bool]
+) -> list[float]:
+    """Raw CURE-style scores of reward-model-written unit tests (code domain), before the z-score.
+
+    `test_correct[t]`: whether test t's expected output is right (checked by the oracle).
+    `passes[t][p]`: whether program p passes test t. `program_correct[p]`: whether program p is
+    right (passes the hidden tests). Only wrong programs matter:
+    - a correct test scores +(number of wrong programs it fails) — it catches bugs;
+    - an incorrect test scores -(number of wrong programs it passes) — it blesses bugs.
+    (CURE itself also subtracts wrong programs a correct test passes; the issue's rule does not.)
+    """
+    if len(passes) != len(test_correct):
+        raise ValueError(f"passes has {len(passes)} rows for {len(test_correct)} tests")
+    wrong = [p for p, ok in enumerate(program_correct) if not ok]
+    scores = []
+    for t, (correct, row) in enumerate(zip(test_correct, passes, strict=True)):
+        if len(row) != len(program_correct):
+            raise ValueError(f"passes[{t}] has {len(row)} entries for {len(program_correct)} programs")
+        if correct:
+            scores.append(float(sum(1 for p in wrong if not row[p])))
+        else:
+            scores.append(-float(sum(1 for p in wrong if row[p])))
+    return scores
+
+
+def cure_test_rewards(
+    test_correct: Sequence[bool], passes: Sequence[Sequence[bool]], program_correct: Sequence[bool]
+) -> list[float]:
+    """CURE-style advantages of unit tests: `zscore(cure_test_raw(...))` over the tests.
+
+    Zero variance (including a single test, or no wrong program) -> all 0.
+    """
+    return zscore(cure_test_raw(test_correct, passes, program_correct))
