@@ -47,6 +47,8 @@ class KafkaConfig(Config, frozen=True, kw_only=True):
     dedup_window: Annotated[int, Meta(ge=0, le=10_000_000)] = 100_000
     """Idempotency keys remembered per consumer to drop redelivered events."""
     dlq_enabled: bool = True
+    commit_interval_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 0.5
+    """Handled offsets are committed at most this often (and always at shutdown / revocation)."""
 
 
 class ModelConfig(Config, frozen=True, kw_only=True):
@@ -62,6 +64,8 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     """Torch behaves as if on one core here; more threads ran slower."""
     bootstrap_sft_seconds: NonNegFloat = 240.0
     """Tiny preset: seconds of SFT on oracle demonstrations before RL (cached in the workdir)."""
+    bootstrap_domains: tuple[Literal["household", "arith", "code"], ...] = ("household",)
+    """Tiny preset: domains whose oracle demonstrations (or judge prompts) the bootstrap SFT uses."""
 
 
 class StoreConfig(Config, frozen=True, kw_only=True):
