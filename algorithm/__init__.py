@@ -19,6 +19,7 @@ from algorithm.rewards import (
     step_advantages,
     zscore,
 )
+from algorithm.signals import GroupSignals, PolicyTarget, RewardTarget, group_signals
 from algorithm.staleness import capacity, drop_zero_advantage, filter_stale
 from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
 
@@ -31,6 +32,9 @@ __all__ = [
     "LOW",
     "STD_EPS",
     "Direction",
+    "GroupSignals",
+    "PolicyTarget",
+    "RewardTarget",
     "accept",
     "capacity",
     "consistency_raw",
@@ -41,6 +45,7 @@ __all__ = [
     "drop_zero_advantage",
     "filter_stale",
     "group_accuracy",
+    "group_signals",
     "high_risk_steps",
     "integrated_rewards",
     "policy_loss",

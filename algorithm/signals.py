@@ -1,0 +1,126 @@
+"""Training targets of one complete group of judged rollouts (what the signals role publishes).
+
+Input, plain Python: per rollout its outcome (+1/-1) and per step the m verdicts (+1/-1/0);
+optionally per judgement a raw score that replaces the consistency reward (code domain: the
+judge's CURE score of the unit tests it wrote). Output: which (rollout, step) become policy
+samples and which (rollout, step, judgement) become reward-model samples, with their reward and
+advantage. Rules (DESIGN section 2):
+- policy: R = integrated_rewards(outcome, verdicts, lam); advantages = step_advantages(R) over the
+  group; zero advantages dropped. A group whose rollouts all failed (or all succeeded) still trains
+  where the verdicts tell its steps apart: that is what the step-wise reward is for.
+- reward model: only if lo <= group accuracy <= hi; per (rollout, step) the m raw rewards are
+  consistency_raw(R, verdicts) (or the given scores) z-scored together; zero advantages dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from algorithm.rewards import consistency_raw, integrated_rewards, step_advantages, zscore
+from algorithm.staleness import ZERO_ADVANTAGE_ATOL
+from algorithm.tasks import HIGH, LOW, group_accuracy
+
+Scores = Sequence[Sequence[Sequence[float | None]]]  # [rollout][step][judgement]
+
+
+@dataclass(frozen=True)
+class PolicyTarget:
+    """One policy sample: step `step` of rollout `rollout`."""
+
+    rollout: int
+    step: int
+    reward: float  # integrated step reward R
+    advantage: float
+
+
+@dataclass(frozen=True)
+class RewardTarget:
+    """One reward-model sample: judgement `judgement` about step `step` of rollout `rollout`."""
+
+    rollout: int
+    step: int
+    judgement: int
+    reward: float  # raw reward before the z-score (R * s, -2 if invalid, or the given score)
+    advantage: float
+
+
+@dataclass(frozen=True)
+class GroupSignals:
+    accuracy: float  # fraction of the group's rollouts that succeeded
+    step_rewards: list[list[float]]  # R[rollout][step], every step (also those dropped)
+    policy: list[PolicyTarget]  # steps with a non-zero advantage, rollout-major order
+    reward: list[RewardTarget]  # judgements with a non-zero advantage (empty if not eligible)
+    reward_model_eligible: bool  # accuracy within [rm_acc_low, rm_acc_high]
+    policy_dropped_zero: int  # steps left out because their advantage is 0
+    reward_dropped_zero: int  # judgements left out because their advantage is 0 (eligible groups)
+
+
+def group_signals(
+    outcomes: Sequence[int],
+    verdicts: Sequence[Sequence[Sequence[int]]],
+    *,
+    lam: float = 1.0,
+    rm_acc_low: float = LOW,
+    rm_acc_high: float = HIGH,
+    scores: Scores | None = None,
+    atol: float = ZERO_ADVANTAGE_ATOL,
+) -> GroupSignals:
+    """Policy and reward-model targets of a whole group.
+
+    `outcomes[r]` is rollout r's outcome; `verdicts[r][k]` the m verdicts about its step k.
+    `scores[r][k][j]`, when given and not None for every judgement of a step, is the raw reward of
+    judgement j instead of the consistency reward. A target is kept iff |advantage| > atol.
+    """
+    if len(outcomes) != len(verdicts):
+        raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} rollouts' verdicts")
+    accuracy = group_accuracy(outcomes)
+    step_rewards = [integrated_rewards(o, v, lam) for o, v in zip(outcomes, verdicts, strict=True)]
+    eligible = rm_acc_low <= accuracy <= rm_acc_high
+
+    # --- policy: z-score per step index across the group ---
+    policy: list[PolicyTarget] = []
+    policy_dropped = 0
+    for r, row in enumerate(step_advantages(step_rewards)):
+        for k, advantage in enumerate(row):
+            if abs(advantage) > atol:
+                policy.append(PolicyTarget(r, k, step_rewards[r][k], advantage))
+            else:
+                policy_dropped += 1
+
+    # --- reward model: z-score across the m judgements of each step ---
+    reward: list[RewardTarget] = []
+    reward_dropped = 0
+    if eligible:
+        for r, rollout_verdicts in enumerate(verdicts):
+            for k, step_verdicts in enumerate(rollout_verdicts):
+                raw = _raw_step_scores(scores, r, k, len(step_verdicts))
+                if raw is None:
+                    raw = consistency_raw(step_rewards[r][k], step_verdicts)
+                for j, (value, advantage) in enumerate(zip(raw, zscore(raw), strict=True)):
+                    if abs(advantage) > atol:
+                        reward.append(RewardTarget(r, k, j, value, advantage))
+                    else:
+                        reward_dropped += 1
+
+    return GroupSignals(
+        accuracy=accuracy,
+        step_rewards=step_rewards,
+        policy=policy,
+        reward=reward,
+        reward_model_eligible=eligible,
+        policy_dropped_zero=policy_dropped,
+        reward_dropped_zero=reward_dropped,
+    )
+
+
+def _raw_step_scores(scores: Scores | None, r: int, k: int, m: int) -> list[float] | None:
+    """The given raw scores of step k of rollout r, or None when they are absent or incomplete."""
+    if scores is None or r >= len(scores) or k >= len(scores[r]):
+        return None
+    step_scores = scores[r][k]
+    if len(step_scores) != m:
+        raise ValueError(f"scores[{r}][{k}] has {len(step_scores)} values for {m} verdicts")
+    if any(s is None for s in step_scores):
+        return None
+    return [float(s) for s in step_scores if s is not None]

@@ -1,0 +1,113 @@
+"""algorithm.signals.group_signals on a hand-computed group."""
+
+from __future__ import annotations
+
+import pytest
+
+from algorithm import GroupSignals, PolicyTarget, RewardTarget, group_signals
+
+approx = pytest.approx
+
+# Four rollouts, m = 2 verdicts per step, lam = 1.  R = O + mean(S):
+#   r0: O=+1, [[1, 1], [1, -1]]           -> R = [2, 1]
+#   r1: O=-1, [[1, -1], [-1, -1], [0, -1]] -> R = [-1, -2, -1.5]
+#   r2: O=+1, [[1, 1]]                     -> R = [2]
+#   r3: O=-1, [[-1, -1], [1, 1]]           -> R = [-2, 0]
+OUTCOMES = [1, -1, 1, -1]
+VERDICTS = [
+    [[1, 1], [1, -1]],
+    [[1, -1], [-1, -1], [0, -1]],
+    [[1, 1]],
+    [[-1, -1], [1, 1]],
+]
+
+
+def test_group_signals_hand_computed() -> None:
+    signals = group_signals(OUTCOMES, VERDICTS)
+    assert isinstance(signals, GroupSignals)
+    assert signals.accuracy == 0.5 and signals.reward_model_eligible
+    assert signals.step_rewards == [[2.0, 1.0], [-1.0, -2.0, -1.5], [2.0], [-2.0, 0.0]]
+
+    # step 0: [2, -1, 2, -2], mean 0.25, deviations [1.75, -1.25, 1.75, -2.25],
+    #   var (3.0625 + 1.5625 + 3.0625 + 5.0625)/4 = 3.1875, std 1.785357
+    #   -> [0.980196, -0.700140, 0.980196, -1.260252]
+    # step 1: [1, -2, 0] (r0, r1, r3), mean -1/3, deviations [4/3, -5/3, 1/3], var 14/9,
+    #   std sqrt(14)/3 = 1.247219 -> [1.069045, -1.336306, 0.267261]
+    # step 2: reached by r1 only -> 0, dropped
+    expected_policy = [
+        (0, 0, 2.0, 0.980196),
+        (0, 1, 1.0, 1.069045),
+        (1, 0, -1.0, -0.700140),
+        (1, 1, -2.0, -1.336306),
+        (2, 0, 2.0, 0.980196),
+        (3, 0, -2.0, -1.260252),
+        (3, 1, 0.0, 0.267261),
+    ]
+    assert [(p.rollout, p.step, p.reward) for p in signals.policy] == [e[:3] for e in expected_policy]
+    assert [p.advantage for p in signals.policy] == approx([e[3] for e in expected_policy], abs=1e-6)
+    assert signals.policy_dropped_zero == 1
+
+    # reward model, raw = R * s (invalid -> -2), z-scored over the 2 judgements of a step:
+    #   r0 k0: R=2,  [1, 1]   -> [2, 2]    no spread, both dropped
+    #   r0 k1: R=1,  [1, -1]  -> [1, -1]   -> [1, -1]
+    #   r1 k0: R=-1, [1, -1]  -> [-1, 1]   -> [-1, 1]
+    #   r1 k1: R=-2, [-1, -1] -> [2, 2]    dropped
+    #   r1 k2: R=-1.5, [0, -1] -> [-2, 1.5]: mean -0.25, deviations -/+1.75 -> [-1, 1]
+    #   r2 k0, r3 k0: [2, 2]; r3 k1: R=0 -> [0, 0]: dropped  => 10 dropped, 6 kept
+    assert signals.reward == [
+        RewardTarget(0, 1, 0, 1.0, 1.0),
+        RewardTarget(0, 1, 1, -1.0, -1.0),
+        RewardTarget(1, 0, 0, -1.0, -1.0),
+        RewardTarget(1, 0, 1, 1.0, 1.0),
+        RewardTarget(1, 2, 0, -2.0, -1.0),
+        RewardTarget(1, 2, 1, 1.5, 1.0),
+    ]
+    assert signals.reward_dropped_zero == 10
+
+
+def test_group_signals_accuracy_filter() -> None:
+    # all succeed: accuracy 1 > 0.8, no reward-model samples; the policy still learns from verdicts:
+    # R = [2], [1] -> mean 1.5, std 0.5 -> [+1, -1]
+    signals = group_signals([1, 1], [[[1, 1]], [[1, -1]]])
+    assert not signals.reward_model_eligible and signals.reward == []
+    assert signals.policy == [PolicyTarget(0, 0, 2.0, 1.0), PolicyTarget(1, 0, 1.0, -1.0)]
+    # bounds are inclusive: 1 success of 5 = 0.2
+    low = group_signals([1, -1, -1, -1, -1], [[[1, -1]]] * 5)
+    assert low.accuracy == 0.2 and low.reward_model_eligible
+    narrow = group_signals(OUTCOMES, VERDICTS, rm_acc_low=0.6)
+    assert not narrow.reward_model_eligible and narrow.reward == []
+
+
+def test_group_signals_lam_and_scores() -> None:
+    # lam = 0: R = outcome only -> step 0 [1, -1, 1, -1] -> [+1, -1, +1, -1]; step 1 [1, -1, -1]:
+    #   mean -1/3, std sqrt(8/9) = 0.942809 -> [1.414214, -0.707107, -0.707107]
+    signals = group_signals(OUTCOMES, VERDICTS, lam=0.0)
+    assert [p.advantage for p in signals.policy] == approx(
+        [1.0, 1.414214, -1.0, -0.707107, 1.0, -1.0, -0.707107], abs=1e-6
+    )
+    # code domain: given scores replace R * s for a step whose judgements all have one
+    scores = [
+        [[None, None], [3.0, 1.0]],
+        [[None, None], [5.0, 5.0], [None, 1.0]],
+        [[None, None]],
+        [[None, None]] * 2,
+    ]
+    scored = group_signals(OUTCOMES, VERDICTS, scores=scores)
+    by_step = {(t.rollout, t.step, t.judgement): (t.reward, t.advantage) for t in scored.reward}
+    assert by_step[(0, 1, 0)] == (3.0, 1.0) and by_step[(0, 1, 1)] == (1.0, -1.0)
+    assert (1, 1, 0) not in by_step  # equal scores: no spread
+    assert by_step[(1, 2, 0)] == (-2.0, -1.0)  # incomplete scores: falls back to consistency reward
+    with pytest.raises(ValueError, match="scores\\[0\\]\\[0\\] has 1 values for 2 verdicts"):
+        group_signals(OUTCOMES, VERDICTS, scores=[[[1.0]]])
+
+
+def test_group_signals_edges() -> None:
+    single = group_signals([1], [[[1, -1], [1, 1]]])  # one rollout: no policy signal
+    assert single.policy == [] and single.policy_dropped_zero == 2
+    assert single.accuracy == 1.0 and single.reward == []
+    empty_steps = group_signals([1, -1], [[], []])
+    assert empty_steps.policy == [] and empty_steps.reward == [] and empty_steps.accuracy == 0.5
+    with pytest.raises(ValueError, match="2 outcomes for 1 rollouts"):
+        group_signals([1, -1], [[]])
+    with pytest.raises(ValueError):
+        group_signals([], [])
