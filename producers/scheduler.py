@@ -1,0 +1,231 @@
+"""Scheduler: samples tasks from the pool and asks the actors for rollout groups.
+
+Consumes: `forge.tasks` (the task pool: last value per task_id, active + pending),
+          `forge.trajectories.judged` (finished groups), `forge.weights` (latest policy version),
+          `forge.rollout.requests` once at start (what an earlier incarnation already asked for).
+Produces: `forge.rollout.requests` (RolloutRequest of n = rollouts_per_task, key task_id),
+          `forge.tasks` (seed tasks, only when the pool is empty), metrics `scheduler/*`.
+Invariant: requests in flight never exceed `algorithm.capacity` (AReaL's gate): running = requests
+sent whose group has not been fully judged yet, accepted = groups fully judged, version = the
+latest published policy version. So no trained sample is more than `eta` versions stale unless the
+learner falls behind its own batch size. A request whose group is still unjudged after
+`request_timeout_s` (lost to the DLQ, a retired task) stops counting as running.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+from infra.bus import Bus
+
+from algorithm import capacity
+from envs import get_environment
+from envs.base import Environment
+from schemas import topics
+from schemas.config import RunConfig
+from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, WeightsPublished
+
+log = logging.getLogger("forgestream.scheduler")
+
+
+# --- task pool ---------------------------------------------------------------------------------
+@dataclass
+class TaskPool:
+    """Last value per task_id from the compacted tasks topic (an older version never overwrites)."""
+
+    tasks: dict[str, TaskSpec] = field(default_factory=dict)
+
+    def update(self, task: TaskSpec) -> None:
+        current = self.tasks.get(task.task_id)
+        if current is None or task.version >= current.version:
+            self.tasks[task.task_id] = task
+
+    def schedulable(self) -> list[TaskSpec]:
+        return [t for t in self.tasks.values() if t.status in ("active", "pending")]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+def seed_tasks(env: Environment, count: int, difficulty: int, rng: random.Random) -> list[TaskSpec]:
+    """`count` distinct tasks (by signature) at `difficulty`; deterministic in rng."""
+    tasks: list[TaskSpec] = []
+    seen: set[str] = set()
+    for _ in range(count * 20):
+        if len(tasks) == count:
+            break
+        task = env.sample_task(difficulty, rng)
+        signature = task.signature or env.signature(task)
+        if signature in seen:
+            continue
+        seen.add(signature)
+        tasks.append(msgspec.structs.replace(task, signature=signature, status="active"))
+    return tasks
+
+
+# --- in-flight accounting ------------------------------------------------------------------------
+@dataclass
+class Flight:
+    """Which requests are running and which groups are done (counted from judged trajectories)."""
+
+    request_timeout_s: float
+    sent_at: dict[str, float] = field(default_factory=dict)  # request_id -> monotonic send time
+    group_size: dict[str, int] = field(default_factory=dict)
+    judged: dict[str, set[int]] = field(default_factory=dict)  # request_id -> rollout indices seen
+    done: set[str] = field(default_factory=set)
+    accepted: int = 0
+    expired: int = 0
+
+    def sent(self, request_id: str, n: int, at: float) -> None:
+        if request_id in self.done:
+            return
+        self.sent_at.setdefault(request_id, at)
+        self.group_size[request_id] = n
+        self._maybe_finish(request_id)
+
+    def judged_one(self, request_id: str, rollout_index: int, group_size: int) -> None:
+        if request_id in self.done:
+            return
+        self.group_size.setdefault(request_id, group_size)
+        self.judged.setdefault(request_id, set()).add(rollout_index)
+        self._maybe_finish(request_id)
+
+    def _maybe_finish(self, request_id: str) -> None:
+        n = self.group_size.get(request_id)
+        if n is not None and len(self.judged.get(request_id, ())) >= n:
+            self.done.add(request_id)
+            self.accepted += 1
+            self.sent_at.pop(request_id, None)
+            self.judged.pop(request_id, None)
+            self.group_size.pop(request_id, None)
+
+    def expire(self, now: float) -> int:
+        """Stop counting requests older than the timeout as running; returns how many expired."""
+        old = [r for r, t in self.sent_at.items() if now - t > self.request_timeout_s]
+        for request_id in old:
+            del self.sent_at[request_id]
+            self.done.add(request_id)
+        self.expired += len(old)
+        return len(old)
+
+    @property
+    def running(self) -> int:
+        return len(self.sent_at)
+
+
+# --- task sampling -------------------------------------------------------------------------------
+def pick_tasks(
+    candidates: list[TaskSpec], count: int, scheduled: dict[str, int], rng: random.Random
+) -> list[TaskSpec]:
+    """Pending variants never rolled out first (the forge is waiting to judge them), then the
+    least-scheduled tasks, ties broken by rng; mutates `scheduled`."""
+    picked: list[TaskSpec] = []
+    for _ in range(count):
+        if not candidates:
+            break
+        fresh_pending = [t for t in candidates if t.status == "pending" and scheduled.get(t.task_id, 0) == 0]
+        pool = fresh_pending or candidates
+        least = min(scheduled.get(t.task_id, 0) for t in pool)
+        ties = sorted((t for t in pool if scheduled.get(t.task_id, 0) == least), key=lambda t: t.task_id)
+        task = rng.choice(ties)
+        scheduled[task.task_id] = scheduled.get(task.task_id, 0) + 1
+        picked.append(task)
+    return picked
+
+
+# --- the role ------------------------------------------------------------------------------------
+async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
+    shutdown = shutdown or anyio.Event()
+    cfg = config.scheduler
+    env = get_environment(cfg.domain)
+    rng = random.Random(config.seed)
+    pool = TaskPool()
+    flight = Flight(request_timeout_s=cfg.request_timeout_s)
+    scheduled: dict[str, int] = {}
+    version = 0
+    wake = anyio.Event()
+
+    def poke() -> None:
+        nonlocal wake
+        wake.set()
+        wake = anyio.Event()
+
+    async with Bus(config.kafka, role="scheduler") as bus:
+        # --- restore: pool, earlier requests (keeps request ids unique across restarts) ---
+        for record in await bus.read_topic(topics.TASKS):
+            pool.update(record.value)
+        previous = await bus.read_topic(topics.ROLLOUT_REQUESTS)
+        now = time.monotonic()
+        for record in previous:
+            request: RolloutRequest = record.value
+            flight.sent(request.request_id, request.n, now)
+            scheduled[request.task.task_id] = scheduled.get(request.task.task_id, 0) + 1
+        sequence = len(previous)
+        log.info("scheduler: %d tasks in pool, %d earlier requests", len(pool), sequence)
+
+        # --- seed an empty pool ---
+        if not pool.schedulable():
+            for task in seed_tasks(env, cfg.seed_tasks, cfg.seed_difficulty, rng):
+                await bus.send(topics.TASKS, task, key=task.task_id)
+                pool.update(task)
+            log.info("scheduler: seeded %d tasks at difficulty %d", len(pool), cfg.seed_difficulty)
+
+        async def follow_tasks() -> None:
+            async for record in bus.follow_topic(topics.TASKS, shutdown=shutdown):
+                pool.update(record.value)
+                poke()
+
+        async def follow_judged() -> None:
+            async for record in bus.follow_topic(topics.JUDGED, shutdown=shutdown):
+                judged: JudgedTrajectory = record.value
+                t = judged.trajectory
+                flight.judged_one(t.request_id, t.rollout_index, t.group_size)
+                poke()
+
+        async def follow_weights() -> None:
+            nonlocal version
+            async for record in bus.follow_topic(topics.WEIGHTS, shutdown=shutdown):
+                published: WeightsPublished = record.value
+                if published.model == "policy" and published.version > version:
+                    version = published.version
+                    poke()
+
+        async def emit() -> None:
+            nonlocal sequence
+            while not shutdown.is_set():
+                flight.expire(time.monotonic())
+                room = capacity(
+                    cfg.max_concurrent_requests,
+                    flight.running,
+                    flight.accepted,
+                    version,
+                    cfg.batch_size,
+                    cfg.eta,
+                )
+                picked = pick_tasks(pool.schedulable(), room, scheduled, rng)
+                for task in picked:
+                    request = RolloutRequest(
+                        request_id=f"req-{config.seed}-{sequence:07d}-{task.task_id}",
+                        task=task,
+                        n=cfg.rollouts_per_task,
+                        min_policy_version=max(0, version - cfg.eta),
+                    )
+                    sequence += 1
+                    await bus.send(topics.ROLLOUT_REQUESTS, request, key=task.task_id)
+                    flight.sent(request.request_id, request.n, time.monotonic())
+                if picked:
+                    await bus.metric("scheduler/requests", float(len(picked)), step=version)
+                    await bus.metric("scheduler/running", float(flight.running), step=version)
+                with anyio.move_on_after(cfg.poll_s):
+                    await wake.wait()
+
+        async with anyio.create_task_group() as tg:
+            for loop in (follow_tasks, follow_judged, follow_weights, emit):
+                tg.start_soon(loop)
+            await shutdown.wait()
+            tg.cancel_scope.cancel()
