@@ -97,6 +97,8 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     parallel_episodes: PosInt = 8
     """Episodes stepped together; generation is batched across them."""
     max_steps: Annotated[int, Meta(ge=1, le=200)] = 40
+    min_version_wait_s: NonNegFloat = 30.0
+    """How long a request waits for its min_policy_version to be published before running anyway."""
 
 
 class JudgeConfig(Config, frozen=True, kw_only=True):
