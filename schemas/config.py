@@ -148,7 +148,9 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     """Samples older than current − eta versions are dropped and counted."""
     micro_batch_tokens: PosInt = 4096
     batch_samples: PosInt = 64
-    """Samples per optimizer step."""
+    """Samples per batch (one optimizer step each unless minibatches > 1)."""
+    minibatches: PosInt = 1
+    """Optimizer steps per batch; > 1 makes the clip act (later steps move away from the proximal policy)."""
     publish_every: PosInt = 1
     """Optimizer steps between published versions."""
     checkpoint_every: PosInt = 1
