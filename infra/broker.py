@@ -306,6 +306,12 @@ class Broker:
             "AWS_ALLOW_HTTP": "true",
         }
 
+    def wait(self) -> int:
+        """Block until the broker process exits (foreground `forgestream broker`); returns its code."""
+        if self._tansu is None:
+            raise BrokerError("broker not started")
+        return self._tansu.proc.wait()
+
     def kill(self) -> None:
         """SIGKILL both processes at once, no grace (tests of crash recovery)."""
         for child in (self._tansu, self._s3):

@@ -1,0 +1,256 @@
+"""`forgestream` command line: broker, topics, status, run ROLE (and commands other modules register).
+
+Parses config before anything heavy is imported (no torch, no aiokafka at import time), so
+`forgestream --help` is instant. Exit codes: 0 ok, 1 a role failed (cause logged), 2 bad config or
+unreachable broker (one line naming the problem).
+
+More commands: a module listed in COMMAND_MODULES, or any module in the `infra/commands/` folder,
+is imported before the app runs; it registers itself with `from infra.cli import app` and
+`@app.command()` (keep its top-level imports light).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from infra.broker import Broker, BrokerError, wait_reachable
+from infra.config import ConfigError, load_config
+from schemas.config import KafkaConfig, RunConfig
+
+app = typer.Typer(
+    name="forgestream",
+    help="RLAnything closed-loop agent training as an event-driven streaming system on Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+topics_app = typer.Typer(help="Create or list the forgestream topics.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+# role name -> module exposing `async def run(config: RunConfig, *, shutdown: anyio.Event | None = None)`
+ROLES: dict[str, str] = {
+    "scheduler": "producers.scheduler",
+    "actor": "producers.actor",
+    "judge": "consumers.judge",
+    "signals": "consumers.signals",
+    "forge": "consumers.forge",
+    "env-model": "consumers.env_model",
+    "policy-learner": "learners.policy",
+    "reward-learner": "learners.reward",
+}
+# modules that add commands to `app` (imported lazily by main(), skipped when absent)
+COMMAND_MODULES: tuple[str, ...] = ()
+
+log = logging.getLogger("forgestream.cli")
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML config file.", envvar="FORGESTREAM_CONFIG")
+]
+BootstrapOpt = Annotated[
+    str | None, typer.Option("--bootstrap", "-b", help="Kafka host:port (overrides config).")
+]
+PrefixOpt = Annotated[
+    str | None, typer.Option("--topic-prefix", help="Topic name prefix (overrides config).")
+]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"forgestream: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def build_config(config: Path | None, flags: dict[str, Any]) -> RunConfig:
+    try:
+        return load_config(config, flags=flags)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def kafka_from(config: Path | None, bootstrap: str | None, prefix: str | None) -> KafkaConfig:
+    return build_config(config, {"kafka.bootstrap": bootstrap, "kafka.topic_prefix": prefix}).kafka
+
+
+def require_broker(kafka: KafkaConfig, timeout_s: float = 3.0) -> None:
+    try:
+        wait_reachable(kafka.bootstrap, timeout_s=timeout_s)
+    except BrokerError as e:
+        fail(str(e))
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+@app.command()
+def broker(
+    port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1).")] = 9092,
+    host: Annotated[str, typer.Option(help="Address to bind and advertise.")] = "127.0.0.1",
+    durable: Annotated[bool, typer.Option(help="Keep data in an s3rver store under --data.")] = False,
+    data: Annotated[Path, typer.Option(help="Data folder for durable mode and logs.")] = Path(".work/broker"),
+) -> None:
+    """Run the embedded Tansu broker in the foreground until Ctrl-C."""
+    import signal
+
+    b = Broker(port=port, host=host, durable=durable, data_dir=data)
+    try:
+        b.start()
+    except BrokerError as e:
+        fail(str(e))
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: it is ignored in background jobs
+        signal.signal(sig, interrupt)
+    mode = f"durable, data in {data}" if durable else "ephemeral (memory)"
+    typer.echo(f"broker listening on {b.bootstrap} ({mode}); Ctrl-C to stop", err=True)
+    try:
+        code = b.wait()
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        b.stop()
+    if code:
+        fail(f"broker exited with code {code}; see {data}/tansu.log", code=1)
+
+
+@topics_app.command("create")
+def topics_create(
+    config: ConfigOpt = None, bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None
+) -> None:
+    """Create every forgestream topic (idempotent)."""
+    import anyio
+
+    from infra.topics import create_topics
+
+    kafka = kafka_from(config, bootstrap, topic_prefix)
+    require_broker(kafka)
+    created = anyio.run(create_topics, kafka)
+    typer.echo(
+        f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else " (all existed)")
+    )
+
+
+@topics_app.command("list")
+def topics_list(
+    config: ConfigOpt = None,
+    bootstrap: BootstrapOpt = None,
+    topic_prefix: PrefixOpt = None,
+    all_topics: Annotated[bool, typer.Option("--all", help="Every topic, not only forgestream's.")] = False,
+) -> None:
+    """List the forgestream topics present on the cluster."""
+    import anyio
+
+    from infra.topics import list_topics
+
+    kafka = kafka_from(config, bootstrap, topic_prefix)
+    require_broker(kafka)
+    for name in anyio.run(lambda: list_topics(kafka, all_topics=all_topics)):
+        typer.echo(name)
+
+
+@app.command()
+def status(
+    config: ConfigOpt = None,
+    bootstrap: BootstrapOpt = None,
+    topic_prefix: PrefixOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Topics, message counts, consumer groups, members, lag and dead letters."""
+    import anyio
+
+    from infra.status import collect_status, render
+
+    kafka = kafka_from(config, bootstrap, topic_prefix)
+    require_broker(kafka)
+    result = anyio.run(collect_status, kafka)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(render(result))
+
+
+@app.command()
+def run(
+    role: Annotated[str, typer.Argument(help="One of: " + ", ".join(ROLES))],
+    config: ConfigOpt = None,
+    bootstrap: BootstrapOpt = None,
+    topic_prefix: PrefixOpt = None,
+    workdir: Annotated[Path | None, typer.Option(help="Run folder (models, weights, checkpoints).")] = None,
+    create_topics: Annotated[bool, typer.Option(help="Create missing topics first (idempotent).")] = True,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run one role until SIGTERM/SIGINT (graceful: finish in-flight work, commit, leave the group)."""
+    if role not in ROLES:
+        fail(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    flags = {"kafka.bootstrap": bootstrap, "kafka.topic_prefix": topic_prefix}
+    flags["workdir"] = str(workdir) if workdir is not None else None
+    cfg = build_config(config, flags)
+    require_broker(cfg.kafka)
+    setup_logging(log_level)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    module = importlib.import_module(ROLES[role])
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    exit_code = _run_role(module, cfg, create_topics)
+    if exit_code:
+        raise typer.Exit(exit_code)
+
+
+def _run_role(module: Any, cfg: RunConfig, create_topics: bool) -> int:
+    import anyio
+
+    from infra.bus import install_signal_handlers
+    from infra.topics import create_topics as create
+
+    async def main() -> None:
+        shutdown = anyio.Event()
+        install_signal_handlers(shutdown)
+        if create_topics:
+            await create(cfg.kafka)
+        await module.run(cfg, shutdown=shutdown)
+
+    try:
+        anyio.run(main)
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        log.exception("role %s failed", module.__name__)
+        return 1
+    return 0
+
+
+def _register_command_modules() -> None:
+    names = list(COMMAND_MODULES)
+    commands_dir = Path(__file__).resolve().parent / "commands"
+    if commands_dir.is_dir():
+        names += [f"infra.commands.{m.name}" for m in pkgutil.iter_modules([str(commands_dir)])]
+    for name in names:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+
+
+def main() -> None:
+    _register_command_modules()
+    app()
+
+
+if __name__ == "__main__":
+    main()

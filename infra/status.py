@@ -1,0 +1,160 @@
+"""`forgestream status`: topics, message counts, consumer groups, members, lag, dead letters.
+
+How counts are made right on both Tansu and Kafka: a partition's message count is
+`end - beginning` and a group's lag is `end - committed`, where `end` is the *high watermark of a
+Fetch response*, never ListOffsets(latest): Tansu answers ListOffsets with the first offset of the
+last record batch + 1 (too small whenever the last batch holds more than one record). We ask
+ListOffsets only for a hint `h`: `h == beginning` means empty (true on both brokers), otherwise we
+fetch from offset `h - 1` (inside the last batch on Tansu, the last record on Kafka), which returns
+one batch and the high watermark. Tansu applies no retention, so `beginning` is 0 there.
+Committed offsets are asked for with explicit partitions (Tansu ignores the "all partitions" form).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from infra.bus import consumer_options
+from infra.topics import admin_client
+from schemas.config import KafkaConfig
+from schemas.topics import DLQ, TopicNames
+
+
+async def true_end_offsets(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition], timeout_s: float = 10.0
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """(beginning, end) per partition, with `end` from fetch high watermarks (see module docstring)."""
+    consumer.assign(tps)
+    begins = await consumer.beginning_offsets(tps)
+    hints = await consumer.end_offsets(tps)
+    ends = {tp: hints[tp] for tp in tps}
+    probe = [tp for tp in tps if hints[tp] > begins[tp]]
+    for tp in probe:
+        consumer.seek(tp, hints[tp] - 1)
+    consumer.pause(*[tp for tp in tps if tp not in probe])
+    deadline = time.monotonic() + timeout_s
+    waiting = set(probe)
+    while waiting and time.monotonic() < deadline:
+        await consumer.getmany(*waiting, timeout_ms=200, max_records=1)
+        for tp in list(waiting):
+            highwater = consumer.highwater(tp)
+            if highwater is not None:
+                ends[tp] = max(highwater, hints[tp])
+                waiting.discard(tp)
+    if waiting:
+        raise TimeoutError(f"no fetch response with a high watermark for {sorted(waiting)}")
+    return begins, ends
+
+
+def _members(group: dict[str, Any]) -> list[dict[str, Any]]:
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    members = []
+    for m in group.get("members", []):
+        partitions: list[str] = []
+        if m.get("member_assignment"):  # Tansu leaves it empty
+            try:
+                decoded = ConsumerProtocolMemberAssignment.decode(m["member_assignment"])
+                partitions = [f"{tp.topic}[{tp.partition}]" for tp in decoded.partitions()]
+            except Exception:  # an assignment of another protocol: show the member without it
+                partitions = []
+        members.append(
+            {
+                "member_id": m["member_id"],
+                "client_id": m.get("client_id", ""),
+                "host": m.get("client_host", ""),
+            }
+            | {"partitions": partitions}
+        )
+    return members
+
+
+async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
+    """Everything `forgestream status` shows, as plain data (JSON-ready)."""
+    names = TopicNames(kafka.topic_prefix)
+    admin = admin_client(kafka)
+    await admin.start()
+    consumer = AIOKafkaConsumer(**consumer_options(kafka, None))
+    await consumer.start()
+    try:
+        present = set(await admin.list_topics())
+        topics = [t for t in names.all() if t in present]
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        begins, ends = await true_end_offsets(consumer, tps) if tps else ({}, {})
+        topic_rows = []
+        for t in topics:
+            mine = [tp for tp in tps if tp.topic == t]
+            topic_rows.append(
+                {
+                    "topic": t,
+                    "partitions": len(mine),
+                    "messages": sum(ends[tp] - begins[tp] for tp in mine),
+                    "end_offsets": [ends[tp] for tp in mine],
+                }
+            )
+        group_rows = []
+        group_ids = sorted(g[0] for g in await admin.list_consumer_groups())
+        descriptions: dict[str, dict[str, Any]] = {}
+        if group_ids:
+            for response in await admin.describe_consumer_groups(group_ids):
+                for g in response.to_object()["groups"]:
+                    descriptions[g["group"]] = g
+        for gid in group_ids:
+            committed = await admin.list_consumer_group_offsets(gid, partitions=tps) if tps else {}
+            # a group consumes a topic when it committed on any of its partitions; on the others it
+            # starts from the beginning (auto_offset_reset=earliest), so their lag is the whole partition
+            consumed = {
+                tp.topic for tp, meta in committed.items() if meta.offset is not None and meta.offset >= 0
+            }
+            lag: dict[str, int] = {}
+            for tp in tps:
+                if tp.topic not in consumed:
+                    continue
+                meta = committed.get(tp)
+                position = meta.offset if meta is not None and meta.offset >= 0 else begins[tp]
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, ends[tp] - position)
+            if not lag and kafka.topic_prefix:
+                continue  # no commit on this run's topics: a group of another run sharing the cluster
+            desc = descriptions.get(gid, {})
+            group_rows.append(
+                {
+                    "group": gid,
+                    "state": desc.get("state", "?"),
+                    "members": _members(desc),
+                    "lag": lag,
+                    "total_lag": sum(lag.values()),
+                }
+            )
+        dlq = names.of(DLQ)
+        return {
+            "bootstrap": kafka.bootstrap,
+            "topic_prefix": kafka.topic_prefix,
+            "topics": topic_rows,
+            "groups": group_rows,
+            "dead_letters": next((r["messages"] for r in topic_rows if r["topic"] == dlq), 0),
+        }
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+def render(status: dict[str, Any]) -> Any:
+    """A rich renderable of `collect_status`'s result."""
+    from rich.console import Group
+    from rich.table import Table
+
+    topics = Table(title=f"topics on {status['bootstrap']} (prefix {status['topic_prefix']!r})")
+    for col in ("topic", "partitions", "messages"):
+        topics.add_column(col, justify="left" if col == "topic" else "right")
+    for row in status["topics"]:
+        topics.add_row(row["topic"], str(row["partitions"]), str(row["messages"]))
+    groups = Table(title="consumer groups")
+    for col in ("group", "state", "members", "lag"):
+        groups.add_column(col, justify="right" if col in ("members",) else "left")
+    for g in status["groups"]:
+        detail = ", ".join(f"{t}: {n}" for t, n in sorted(g["lag"].items()))
+        groups.add_row(g["group"], g["state"], str(len(g["members"])), f"{g['total_lag']} ({detail})")
+    return Group(topics, groups, f"dead letters: {status['dead_letters']}")
