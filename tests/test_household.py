@@ -12,6 +12,7 @@ import pytest
 
 from envs.base import Environment, Episode
 from envs.household import HouseholdEnv, parse_index, step_is_progress
+from envs.household.env import preferred_easier_rules
 from envs.household.tasks import oracle_length
 from envs.household.world import object_type
 from schemas.codec import decode, encode
@@ -251,6 +252,7 @@ def test_variants_move_difficulty_in_the_stated_direction(direction: str) -> Non
         oracle_length(c.params) - oracle_length(p.params) for p, c in zip(parents, children, strict=True)
     ]
     assert all(d * sign >= 0 for d in deltas)
+    assert all(oracle_length(c.params) >= 1 for c in children)  # never an already-solved task
     assert sum(d * sign > 0 for d in deltas) >= 0.5 * len(deltas), deltas
     # random-policy success moves the other way (harder -> lower), measured over every pair
     before, after = random_success(parents, seed=3), random_success(children, seed=3)
@@ -287,3 +289,11 @@ def test_easier_variant_follows_the_critic() -> None:
             "object_in_sight",
         )
     assert opened == len(tasks) and merged == len(tasks), (opened, merged, len(tasks))
+
+
+def test_critic_rules_without_verbs_follow_the_high_risk_step_position() -> None:
+    early = CriticFeedback(high_risk_steps=[[0], [1]], failed_actions=["\\boxed{1}", "\\boxed{0}"])
+    late = CriticFeedback(high_risk_steps=[[5], [4, 5]], failed_actions=["\\boxed{1}"] * 3)
+    assert preferred_easier_rules(early, 6)[0] == "object_in_sight"
+    assert preferred_easier_rules(late, 6)[0] == "task_type"
+    assert preferred_easier_rules(CriticFeedback(), 6) == []

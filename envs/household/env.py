@@ -226,7 +226,7 @@ class HouseholdEnv:
     @staticmethod
     def signature_of(params: dict[str, Any]) -> str:
         blob = json.dumps(_canonical(params), sort_keys=True, separators=(",", ":"))
-        return "household:" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]  # bare hex: callers slice it for ids
 
     def signature(self, task: TaskSpec) -> str:
         return self.signature_of(task.params)
@@ -255,7 +255,7 @@ class HouseholdEnv:
             if self.signature_of(params) == parent_signature:
                 continue
             length = oracle_length(params)
-            if length is None or length > int(params.get("max_steps", 40)) // 2:
+            if length is None or not 1 <= length <= int(params.get("max_steps", 40)) // 2:
                 continue
             if (length - base_len) * sign > 0:
                 return self._variant(task, {**params, "origin": rule}, direction, rng)

@@ -159,6 +159,27 @@ def _rec(params: dict[str, Any], name: str) -> dict[str, Any]:
     return next(r for r in params["receptacles"] if r["name"] == name)
 
 
+def obj_substitutions(p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """OBJ substitution: make a distractor the goal object (the old goal objects become distractors).
+
+    Only types with exactly as many instances as the task needs, none already in the target; the
+    caller keeps the ones whose oracle length moves in the wanted direction.
+    """
+    goal = p["goal"]
+    need = 2 if goal["kind"] == "pick_two" else 1
+    counts: dict[str, list[dict[str, Any]]] = {}
+    for o in p["objects"]:
+        counts.setdefault(object_type(o["name"]), []).append(o)
+    out = []
+    for kind, objs in sorted(counts.items()):
+        if kind == goal["object"] or len(objs) != need or any(o["at"] == goal["target"] for o in objs):
+            continue
+        q = copy.deepcopy(p)
+        q["goal"]["object"] = kind
+        out.append(("obj_substitution", q))
+    return out
+
+
 def harder_moves(p: dict[str, Any], rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
     """Candidate harder variants of params `p`, each tagged with the rule that made it."""
     out: list[tuple[str, dict[str, Any]]] = []
@@ -220,6 +241,7 @@ def harder_moves(p: dict[str, Any], rng: random.Random) -> list[tuple[str, dict[
                 q["receptacles"].append({"name": _name(q, base), "room": rng.choice(q["rooms"]),
                                          "kind": akind, "openable": openable})  # fmt: skip
         out.append(("task_type", q))
+    out.extend(obj_substitutions(p))
     # distractors
     q = copy.deepcopy(p)
     others = [o for o in OBJECTS if o != goal["object"]]
@@ -270,6 +292,7 @@ def easier_moves(p: dict[str, Any], rng: random.Random) -> list[tuple[str, dict[
             q = copy.deepcopy(p)
             q["goal"]["target"] = rng.choice(near)["name"]
             out.append(("rec_substitution", q))
+    out.extend(obj_substitutions(p))
     # simpler task type
     if goal["kind"] in ("pick_two", "clean", "heat", "cool"):
         q = copy.deepcopy(p)
