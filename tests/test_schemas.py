@@ -1,0 +1,252 @@
+"""Schemas: every event round-trips through msgpack; every malformed kind is rejected naming the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import codec
+from schemas import events as ev
+from schemas.topics import TOPICS, TopicNames
+
+SHA = "ab" * 32
+
+
+def task(**kw: Any) -> ev.TaskSpec:
+    return ev.TaskSpec(task_id="t1", domain="arith", difficulty=1, params={"digits": 3}, seed=7, **kw)
+
+
+def step(index: int = 0) -> ev.Step:
+    return ev.Step(
+        index=index,
+        prompt="2+2=",
+        response="\\boxed{4}",
+        prompt_token_ids=[1, 2, 3],
+        response_token_ids=[4, 5],
+        behaviour_logprobs=[-0.1, -2.5],
+        policy_version=3,
+        observation="ok",
+    )
+
+
+def trajectory() -> ev.Trajectory:
+    return ev.Trajectory(
+        request_id="r1", rollout_index=1, group_size=8, task=task(), steps=[step(0), step(1)], outcome=1
+    )
+
+
+def judgement(verdict: int = 1) -> ev.Judgement:
+    return ev.Judgement(
+        verdict=verdict,
+        prompt_token_ids=[1],
+        response_token_ids=[2, 3],
+        behaviour_logprobs=[-0.3, -0.4],
+        text="ok",
+    )
+
+
+def samples() -> dict[type[msgspec.Struct], msgspec.Struct]:
+    """One realistic instance of every topic's value type."""
+    return {
+        ev.TaskSpec: task(
+            status="pending", parent_id="t0", direction="harder", parent_accuracy=0.9, generation=1
+        ),
+        ev.RolloutRequest: ev.RolloutRequest(request_id="r1", task=task(), n=8, min_policy_version=2),
+        ev.Trajectory: trajectory(),
+        ev.JudgedTrajectory: ev.JudgedTrajectory(
+            trajectory=trajectory(),
+            steps=[
+                ev.StepJudgement(step_index=i, judgements=[judgement(1), judgement(-1), judgement(0)])
+                for i in (0, 1)
+            ],
+            reward_version=4,
+        ),
+        ev.PolicySampleBatch: ev.PolicySampleBatch(
+            request_id="r1",
+            samples=[
+                ev.PolicySample(
+                    sample_key="r1/1/0",
+                    task_id="t1",
+                    prompt_token_ids=[1, 2],
+                    response_token_ids=[3],
+                    behaviour_logprobs=[-0.7],
+                    policy_version=3,
+                    advantage=-1.25,
+                    reward=0.5,
+                )
+            ],
+        ),
+        ev.RewardSampleBatch: ev.RewardSampleBatch(
+            request_id="r1",
+            samples=[
+                ev.RewardSample(
+                    sample_key="r1/1/0/2",
+                    prompt_token_ids=[1],
+                    response_token_ids=[2],
+                    behaviour_logprobs=[-0.2],
+                    reward_version=1,
+                    advantage=0.7,
+                    reward=-2.0,
+                )
+            ],
+        ),
+        ev.TaskEvent: ev.TaskEvent(
+            event_id="e1",
+            task_id="t1",
+            task_version=2,
+            kind="harder",
+            accuracy=0.875,
+            rollouts=8,
+            critic=ev.CriticFeedback(high_risk_steps=[[0, 2]], failed_actions=["go north"]),
+        ),
+        ev.WeightsPublished: ev.WeightsPublished(
+            model="policy", version=7, uri="/w/policy/v000007", sha256=SHA, bytes=10
+        ),
+        ev.Metric: ev.Metric(
+            role="judge", name="judge/judged", value=3.0, step=2, labels={"domain": "arith"}
+        ),
+        ev.DeadLetter: ev.DeadLetter(
+            source_topic="forge.trajectories",
+            partition=3,
+            offset=17,
+            key=b"k",
+            value=b"\xff\x00",
+            error="decode",
+        ),
+    }
+
+
+def test_every_topic_value_type_has_a_sample() -> None:
+    assert {spec.value_type for spec in TOPICS.values()} == set(samples())
+
+
+@pytest.mark.parametrize("event", list(samples().values()), ids=lambda e: type(e).__name__)
+def test_round_trip(event: msgspec.Struct) -> None:
+    data = codec.encode(event)
+    back = codec.decode(data, type(event))
+    assert back == event
+    assert back.schema_version == ev.SCHEMA_VERSION
+
+
+def mutated(event: msgspec.Struct, path: list[Any], value: Any) -> bytes:
+    """msgpack of `event` with the item at `path` replaced (or deleted when value is DELETE)."""
+    tree = msgspec.to_builtins(event)
+    node = tree
+    for part in path[:-1]:
+        node = node[part]
+    if value is DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return msgspec.msgpack.encode(tree)
+
+
+DELETE = object()
+S = samples()
+
+MALFORMED = [
+    # (id, event, path, bad value, text the error must contain)
+    ("wrong-type-int", S[ev.TaskSpec], ["seed"], "seven", "$.seed"),
+    ("wrong-type-str", S[ev.Metric], ["name"], 5, "$.name"),
+    ("wrong-type-list", S[ev.Trajectory], ["steps"], {"a": 1}, "$.steps"),
+    ("missing-field", S[ev.RolloutRequest], ["request_id"], DELETE, "request_id"),
+    (
+        "nan-advantage",
+        S[ev.PolicySampleBatch],
+        ["samples", 0, "advantage"],
+        math.nan,
+        "$.samples[0].advantage",
+    ),
+    ("inf-reward", S[ev.RewardSampleBatch], ["samples", 0, "reward"], math.inf, "$.samples[0].reward"),
+    ("nan-metric", S[ev.Metric], ["value"], math.nan, "$.value"),
+    ("nan-accuracy", S[ev.TaskEvent], ["accuracy"], math.nan, "$.accuracy"),
+    ("negative-step-index", S[ev.Trajectory], ["steps", 1, "index"], -1, "$.steps[1].index"),
+    (
+        "negative-token-id",
+        S[ev.Trajectory],
+        ["steps", 0, "response_token_ids", 0],
+        -5,
+        "$.steps[0].response_token_ids[0]",
+    ),
+    ("negative-offset", S[ev.DeadLetter], ["offset"], -3, "$.offset"),
+    ("negative-version", S[ev.WeightsPublished], ["version"], -1, "$.version"),
+    (
+        "positive-logprob",
+        S[ev.Trajectory],
+        ["steps", 0, "behaviour_logprobs", 1],
+        0.5,
+        "behaviour_logprobs[1]",
+    ),
+    ("bad-verdict", S[ev.JudgedTrajectory], ["steps", 0, "judgements", 0, "verdict"], 2, "verdict"),
+    ("bad-domain", S[ev.TaskSpec], ["domain"], "chess", "$.domain"),
+    ("bad-outcome", S[ev.Trajectory], ["outcome"], 0, "$.outcome"),
+    ("zero-group", S[ev.RolloutRequest], ["n"], 0, "$.n"),
+    ("logprob-length", S[ev.Trajectory], ["steps", 0, "behaviour_logprobs"], [-0.1], "behaviour_logprobs"),
+    ("rollout-index", S[ev.Trajectory], ["rollout_index"], 8, "rollout_index"),
+    ("bad-sha", S[ev.WeightsPublished], ["sha256"], "xyz", "sha256"),
+    ("accuracy-range", S[ev.TaskEvent], ["accuracy"], 1.5, "$.accuracy"),
+]
+
+
+@pytest.mark.parametrize(
+    ("event", "path", "bad", "names"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
+)
+def test_malformed_is_rejected_naming_the_field(
+    event: msgspec.Struct, path: list[Any], bad: Any, names: str
+) -> None:
+    with pytest.raises(codec.DecodeError) as err:
+        codec.decode(mutated(event, path, bad), type(event))
+    assert names in str(err.value)
+
+
+def test_garbage_bytes_are_decode_errors() -> None:
+    for data in (b"", b"\xc1", b"not msgpack at all", codec.encode(S[ev.Metric])[:-3]):
+        with pytest.raises(codec.DecodeError):
+            codec.decode(data, ev.Metric)
+
+
+def test_wrong_schema_is_rejected() -> None:
+    with pytest.raises(codec.DecodeError):
+        codec.decode(codec.encode(S[ev.Metric]), ev.Trajectory)
+
+
+def test_forward_compatible_unknown_fields_are_ignored() -> None:
+    tree = msgspec.to_builtins(S[ev.Trajectory])
+    tree["new_field_from_v2"] = {"anything": [1, 2]}
+    tree["steps"][0]["another_new_field"] = 1.5
+    back = codec.decode(msgspec.msgpack.encode(tree), ev.Trajectory)
+    assert back == S[ev.Trajectory]
+
+
+def test_old_events_without_defaulted_fields_decode() -> None:
+    tree = msgspec.to_builtins(S[ev.TaskSpec])
+    for name in ("status", "version", "signature", "parent_id", "generation", "schema_version", "created_at"):
+        del tree[name]
+    back = codec.decode(msgspec.msgpack.encode(tree), ev.TaskSpec)
+    assert (back.status, back.version, back.parent_id, back.schema_version) == ("active", 0, None, 1)
+
+
+def test_topic_names_prefix() -> None:
+    names = TopicNames("run7.")
+    assert names.of("forge.trajectories") == "run7.forge.trajectories"
+    assert names.logical("run7.forge.dlq") == "forge.dlq"
+    assert len(names.all()) == len(TOPICS)
+    with pytest.raises(KeyError):
+        names.of("forge.nope")
+    with pytest.raises(KeyError):
+        names.logical("other.forge.dlq")
+
+
+@given(
+    value=st.floats(min_value=-1e30, max_value=1e30, allow_nan=False),
+    step=st.integers(min_value=0, max_value=2**40),
+    labels=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+)
+def test_metric_round_trip_property(value: float, step: int, labels: dict[str, str]) -> None:
+    metric = ev.Metric(role="r", name="x/y", value=value, step=step, labels=labels)
+    assert codec.decode(codec.encode(metric), ev.Metric) == metric
