@@ -1,0 +1,181 @@
+"""Judge: the reward model's m verdicts on every step of every trajectory.
+
+Consumes: `forge.trajectories` (group "judges"), `forge.weights` through a WeightsWatcher (reward
+          model versions).
+Produces: `forge.trajectories.judged` (JudgedTrajectory, key request_id: one StepJudgement of m
+          Judgements per step, each with its token ids, behaviour logprobs and text), metric
+          `judge/judged`.
+Invariant: one JudgedTrajectory per trajectory key (request_id/rollout_index), produced before the
+offset is committed; redelivered trajectories are skipped by key. `reward_version` is the reward
+model version that generated every judgement in it.
+
+Verdicts (household, arith): the paper's judging prompt (envs.judging.judge_prompt) with the
+episode context rebuilt by replaying the trajectory's responses in a fresh episode of its task
+(`Episode.judge_context`); m samples per step from one batched generate over all steps; the last
+`\\boxed{}` is the verdict (+1 / -1, 0 unparseable).
+
+Code domain: the reward model writes unit tests instead (envs.code's test prompt). A judgement's
+tests are checked against the task's reference solution (a test whose expected output the reference
+does not produce is invalid); the policy's program is run on the valid ones: verdict +1 if it passes
+them all, -1 if it fails one, 0 if there is no valid test. `score` is the judgement's CURE score
+(`algorithm.cure_test_raw` summed over its tests, with the trajectory's program as the candidate
+and its outcome as that program's correctness).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from algorithm import cure_test_raw
+from envs import get_environment, judge_prompt, parse_verdict
+from envs.base import Environment
+from infra.bus import Bus, Record
+from infra.models import load_backend
+from infra.weights import WeightStore, WeightsWatcher
+from schemas import topics
+from schemas.config import RunConfig
+from schemas.events import JudgedTrajectory, Judgement, StepJudgement, Trajectory
+
+log = logging.getLogger("forgestream.judge")
+
+
+# --- prompts -------------------------------------------------------------------------------------
+def step_contexts(env: Environment, trajectory: Trajectory) -> list[str]:
+    """`judge_context(i)` for every step, by replaying the responses in a fresh episode; a step the
+    replay cannot reach (world changed, episode ended early) falls back to the policy's own prompt,
+    which holds the task and the history too."""
+    contexts: list[str] = []
+    try:
+        episode = env.reset(trajectory.task)
+        for step in trajectory.steps:
+            if episode.done:
+                break
+            contexts.append(episode.judge_context(step.index))
+            episode.step(step.response)
+    except Exception as e:  # a replay failure only costs context quality, never the verdict
+        log.warning("judge: replay of %s failed (%s); using step prompts", trajectory.key, e)
+    contexts += [step.prompt for step in trajectory.steps[len(contexts) :]]
+    return contexts
+
+
+def verdict_prompts(env: Environment, trajectory: Trajectory) -> list[str]:
+    contexts = step_contexts(env, trajectory)
+    return [
+        judge_prompt(context, step.response, step.observation)
+        for context, step in zip(contexts, trajectory.steps, strict=True)
+    ]
+
+
+def judgement(completion: Any, verdict: int, score: float | None = None) -> Judgement:
+    return Judgement(
+        verdict=verdict,  # type: ignore[arg-type]
+        prompt_token_ids=list(completion.prompt_token_ids),
+        response_token_ids=list(completion.token_ids),
+        behaviour_logprobs=[min(0.0, max(-1e30, v)) for v in completion.logprobs],
+        text=completion.text,
+        score=score,
+    )
+
+
+# --- code domain: unit tests instead of verdicts ----------------------------------------------------
+def code_prompts(env: Environment, trajectory: Trajectory) -> list[str]:
+    return [env.unit_test_prompt(trajectory.task, step.response) for step in trajectory.steps]  # type: ignore[attr-defined]
+
+
+def code_judgement(
+    env: Environment, trajectory: Trajectory, step_response: str, completion: Any
+) -> Judgement:
+    """Verdict and CURE score of one reward-model generation of unit tests."""
+    tests = env.parse_unit_tests(completion.text)  # type: ignore[attr-defined]
+    valid = [env.test_is_correct(trajectory.task, t) for t in tests]  # type: ignore[attr-defined]
+    passes = [[env.program_passes(trajectory.task, step_response, t)] for t in tests]  # type: ignore[attr-defined]
+    checked = [row[0] for row, ok in zip(passes, valid, strict=True) if ok]
+    verdict = 0 if not checked else (1 if all(checked) else -1)
+    score = sum(cure_test_raw(valid, passes, [trajectory.outcome == 1])) if tests else 0.0
+    return judgement(completion, verdict, float(score))
+
+
+def judge_steps(
+    env: Environment, trajectory: Trajectory, completions: list[list[Any]]
+) -> list[StepJudgement]:
+    code = trajectory.task.domain == "code"
+    out = []
+    for step, samples in zip(trajectory.steps, completions, strict=True):
+        if code:
+            judgements = [code_judgement(env, trajectory, step.response, c) for c in samples]
+        else:
+            judgements = [judgement(c, parse_verdict(c.text)) for c in samples]
+        out.append(StepJudgement(step_index=step.index, judgements=judgements))
+    return out
+
+
+# --- the role ------------------------------------------------------------------------------------
+async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
+    shutdown = shutdown or anyio.Event()
+    import torch
+
+    torch.set_num_threads(config.reward_model.torch_threads)
+    cfg, model = config.judge, config.reward_model
+    if cfg.temperature != model.temperature:
+        # Behaviour logprobs are of the sampling distribution; the reward learner recomputes them at
+        # reward_model.temperature, so the two must agree.
+        raise ValueError(
+            f"judge.temperature ({cfg.temperature}) must equal reward_model.temperature ({model.temperature})"
+        )
+    workdir = Path(config.workdir)
+    judge_id = f"judge-{socket.gethostname()}-{os.getpid()}"
+    backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="reward", workdir=workdir))
+    store = WeightStore(
+        config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
+    )
+    envs: dict[str, Environment] = {}
+
+    async with Bus(config.kafka, role="judge") as bus:
+        watcher = WeightsWatcher(bus, store, "reward")
+
+        async def refresh_weights() -> None:
+            """Load the newest version if there is one (a refused version is remembered, not retried)."""
+            if watcher.newer_than(backend.version) is not None:
+                await anyio.to_thread.run_sync(watcher.apply, backend)
+
+        def judge(trajectory: Trajectory) -> JudgedTrajectory:
+            """Blocking: prompts, one batched generate of m samples per step, verdicts."""
+            domain = trajectory.task.domain
+            env = envs.get(domain) or envs.setdefault(domain, get_environment(domain))
+            build = code_prompts if domain == "code" else verdict_prompts
+            prompts = build(env, trajectory)
+            version = backend.version
+            completions = backend.generate(
+                prompts, n=cfg.m, temperature=model.temperature, max_tokens=cfg.max_new_tokens
+            )
+            return JudgedTrajectory(
+                trajectory=trajectory,
+                steps=judge_steps(env, trajectory, completions),
+                reward_version=version,
+                judge_id=judge_id,
+            )
+
+        async def handle(record: Record[Any]) -> None:
+            trajectory: Trajectory = record.value
+            await refresh_weights()
+            judged = await anyio.to_thread.run_sync(functools.partial(judge, trajectory))
+            await bus.send(topics.JUDGED, judged, key=trajectory.request_id)
+            await bus.metric("judge/judged", 1.0, step=judged.reward_version, judge=judge_id)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher.run, shutdown)
+            await bus.consume(
+                [topics.TRAJECTORIES],
+                group="judges",
+                handler=handle,
+                idempotency_key=lambda r: r.value.key,
+                shutdown=shutdown,
+            )
+            tg.cancel_scope.cancel()

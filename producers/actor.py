@@ -1,0 +1,294 @@
+"""Actor: runs the episodes a rollout request asks for with the current policy.
+
+Consumes: `forge.rollout.requests` (group "actors"; a second actor process joining the group takes
+          over partitions), `forge.weights` through a WeightsWatcher (policy versions).
+Produces: `forge.trajectories` (one Trajectory per rollout, key request_id), metrics
+          `actor/trajectories`, `actor/success`, `actor/episodes_per_s`.
+Invariant: a request's offset is committed only after all n of its trajectories were acked by the
+broker (offsets advance past a record only when every earlier record of its partition is done too),
+so a killed actor loses nothing; a request_id seen before is skipped. Every Step carries the
+policy version that generated it and the behaviour logprobs of its sampled tokens (sampling
+distribution, see infra.models), so weights may change between any two turns.
+
+Several requests' episodes run at once, up to `actor.parallel_episodes`; each turn generates the
+next answer of every live episode in one batched call.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from envs import get_environment
+from envs.base import Environment, Episode
+from infra.bus import Bus, Record
+from infra.models import load_backend
+from infra.weights import WeightStore, WeightsWatcher
+from schemas import topics
+from schemas.config import RunConfig
+from schemas.events import RolloutRequest, Step, Trajectory
+
+log = logging.getLogger("forgestream.actor")
+
+TopicPartition = tuple[str, int]
+
+
+# --- bookkeeping ---------------------------------------------------------------------------------
+class OffsetTracker:
+    """Per partition, the offsets of fetched records and whether they are done; a commit never
+    passes an unfinished record and never moves backwards (a rebalance can redeliver old offsets)."""
+
+    def __init__(self) -> None:
+        self._open: dict[TopicPartition, dict[int, bool]] = {}
+        self._committed: dict[TopicPartition, int] = {}
+
+    def start(self, record: Record[Any]) -> None:
+        tp = (record.topic, record.partition)
+        self._open.setdefault(tp, {})[record.offset] = False
+        self._committed.setdefault(tp, record.offset)  # the group's position when we got the partition
+
+    def finish(self, record: Record[Any]) -> None:
+        self._open[(record.topic, record.partition)][record.offset] = True
+
+    def forget(self, record: Record[Any]) -> None:
+        """A record of a partition we lost: the new owner redelivers it."""
+        self._open.get((record.topic, record.partition), {}).pop(record.offset, None)
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """(topic, partition) -> next offset to commit, for partitions whose done prefix grew."""
+        out: dict[TopicPartition, int] = {}
+        for tp, offsets in self._open.items():
+            if not offsets:
+                continue
+            unfinished = [o for o, done in offsets.items() if not done]
+            next_offset = min(unfinished) if unfinished else max(offsets) + 1
+            for o in [o for o in offsets if o < next_offset]:
+                del offsets[o]
+            if next_offset > self._committed.get(tp, 0):
+                self._committed[tp] = out[tp] = next_offset
+        return out
+
+
+class RecentIds:
+    """Bounded memory of finished request ids (redelivered requests are skipped)."""
+
+    def __init__(self, size: int) -> None:
+        self._order: collections.deque[str] = collections.deque(maxlen=max(1, size))
+        self._set: set[str] = set()
+
+    def add(self, key: str) -> None:
+        if len(self._order) == self._order.maxlen:
+            self._set.discard(self._order[0])
+        self._order.append(key)
+        self._set.add(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._set
+
+
+@dataclass
+class RequestRun:
+    record: Record[Any]
+    request: RolloutRequest
+    remaining: int
+    admitted_at: float = field(default_factory=time.monotonic)
+    successes: int = 0
+
+
+@dataclass
+class LiveEpisode:
+    run: RequestRun
+    rollout_index: int
+    episode: Episode
+    max_steps: int
+    steps: list[Step] = field(default_factory=list)
+
+
+def clamp_logprobs(values: list[float]) -> list[float]:
+    """Logprobs on the wire are finite and <= 0 (float rounding can give +1e-8)."""
+    return [min(0.0, max(-1e30, v)) for v in values]
+
+
+def play_turn(live: list[LiveEpisode], prompts: list[str], completions: list[list[Any]]) -> list[LiveEpisode]:
+    """Apply one generated answer to each live episode; returns the episodes that just ended."""
+    ended = []
+    for ep, prompt, (completion, *_) in zip(live, prompts, completions, strict=True):
+        result = ep.episode.step(completion.text)
+        ep.steps.append(
+            Step(
+                index=len(ep.steps),
+                prompt=prompt,
+                response=completion.text,
+                prompt_token_ids=list(completion.prompt_token_ids),
+                response_token_ids=list(completion.token_ids),
+                behaviour_logprobs=clamp_logprobs(list(completion.logprobs)),
+                policy_version=completion.version,  # the weights that sampled these tokens
+                observation=result.observation,
+                valid_action=result.valid_action,
+            )
+        )
+        if ep.episode.done or len(ep.steps) >= ep.max_steps:
+            ended.append(ep)
+    return ended
+
+
+# --- the role ------------------------------------------------------------------------------------
+async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
+    shutdown = shutdown or anyio.Event()
+    import torch
+
+    torch.set_num_threads(config.policy_model.torch_threads)
+    cfg, model = config.actor, config.policy_model
+    workdir = Path(config.workdir)
+    actor_id = f"actor-{socket.gethostname()}-{os.getpid()}"
+    backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="policy", workdir=workdir))
+    store = WeightStore(
+        config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
+    )
+    envs: dict[str, Environment] = {}
+    offsets = OffsetTracker()
+    finished_ids = RecentIds(config.kafka.dedup_window)
+    running: dict[str, RequestRun] = {}
+    waiting: collections.deque[tuple[RequestRun, int]] = collections.deque()
+    live: list[LiveEpisode] = []
+    ended_at: collections.deque[float] = collections.deque(maxlen=64)
+    turn = 0
+    expected_n = config.scheduler.rollouts_per_task
+
+    async with Bus(config.kafka, role="actor") as bus:
+        watcher = WeightsWatcher(bus, store, "policy")
+
+        async def refresh_weights() -> None:
+            """Load the newest version if there is one (a refused version is remembered, not retried)."""
+            if watcher.newer_than(backend.version) is not None:
+                await anyio.to_thread.run_sync(watcher.apply, backend)
+
+        async def admit(consumer: Any) -> None:
+            """Fetch requests while fewer episodes than parallel_episodes are live or waiting."""
+            free = cfg.parallel_episodes - len(live) - len(waiting)
+            if free <= 0:
+                return
+            records = await consumer.next_batch(
+                max(1, -(-free // expected_n)), timeout_s=0.02 if live else 0.5
+            )
+            for record in records:
+                request: RolloutRequest = record.value
+                if request.request_id in running:
+                    continue  # redelivered while still running: that run commits it
+                offsets.start(record)
+                if request.request_id in finished_ids:
+                    offsets.finish(record)  # redelivered: its trajectories were produced already
+                    continue
+                request_run = RequestRun(record, request, remaining=request.n)
+                running[request.request_id] = request_run
+                waiting.extend((request_run, i) for i in range(request.n))
+
+        def drop_revoked(consumer: Any) -> None:
+            """Stop work on requests whose partition moved to another actor (it redelivers them)."""
+            assigned = consumer.assignment()
+            lost = [r for r in running.values() if (r.record.topic, r.record.partition) not in assigned]
+            for request_run in lost:
+                del running[request_run.request.request_id]
+                offsets.forget(request_run.record)
+            if lost:
+                gone = {id(r) for r in lost}
+                live[:] = [ep for ep in live if id(ep.run) not in gone]
+                kept = [(r, i) for r, i in waiting if id(r) not in gone]
+                waiting.clear()
+                waiting.extend(kept)
+                log.info("actor: %d requests moved to another actor", len(lost))
+
+        def ready(request_run: RequestRun) -> bool:
+            """A request runs once the policy is at least its min_policy_version (or it waited enough)."""
+            if request_run.request.min_policy_version <= backend.version:
+                return True
+            return time.monotonic() - request_run.admitted_at > cfg.min_version_wait_s
+
+        def start_episodes() -> None:
+            blocked: list[tuple[RequestRun, int]] = []
+            while waiting and len(live) < cfg.parallel_episodes:
+                request_run, index = waiting.popleft()
+                if not ready(request_run):
+                    blocked.append((request_run, index))
+                    continue
+                task = request_run.request.task
+                env = envs.get(task.domain) or envs.setdefault(task.domain, get_environment(task.domain))
+                episode = env.reset(task)
+                live.append(LiveEpisode(request_run, index, episode, min(cfg.max_steps, episode.max_steps)))
+            waiting.extendleft(reversed(blocked))
+
+        async def publish(ended: list[LiveEpisode]) -> None:
+            for ep in ended:
+                live.remove(ep)
+                request = ep.run.request
+                trajectory = Trajectory(
+                    request_id=request.request_id,
+                    rollout_index=ep.rollout_index,
+                    group_size=request.n,
+                    task=request.task,
+                    steps=ep.steps,
+                    outcome=ep.episode.outcome,
+                    actor_id=actor_id,
+                )
+                await bus.send(topics.TRAJECTORIES, trajectory, key=request.request_id)
+                ended_at.append(time.monotonic())
+                ep.run.remaining -= 1
+                ep.run.successes += int(trajectory.outcome == 1)
+                await bus.metric("actor/trajectories", 1.0, step=backend.version, actor=actor_id)
+                await bus.metric("actor/success", float(trajectory.outcome == 1), step=backend.version)
+                if ep.run.remaining == 0:
+                    offsets.finish(ep.run.record)
+                    finished_ids.add(request.request_id)
+                    del running[request.request_id]
+            if ended and len(ended_at) >= 2 and ended_at[-1] > ended_at[0]:
+                rate = (len(ended_at) - 1) / (ended_at[-1] - ended_at[0])
+                await bus.metric("actor/episodes_per_s", rate, step=backend.version, actor=actor_id)
+
+        async def rollout_loop() -> None:
+            nonlocal turn
+            async with bus.batch_consumer([topics.ROLLOUT_REQUESTS], group="actors") as consumer:
+                while not shutdown.is_set():
+                    # --- admit new requests, refresh weights, start episodes ---
+                    await admit(consumer)
+                    drop_revoked(consumer)
+                    await refresh_weights()
+                    start_episodes()
+                    if not live:
+                        if waiting:  # blocked on a policy version not loaded yet
+                            with anyio.move_on_after(0.5):
+                                await watcher.wait_newer_than(backend.version)
+                        continue
+                    # --- one turn: every live episode's next answer in one batched generate ---
+                    prompts = [ep.episode.prompt() for ep in live]
+                    seed = (model.seed * 1_000_003 + os.getpid() * 7919 + turn) % 2**31
+                    completions = await anyio.to_thread.run_sync(
+                        functools.partial(
+                            backend.generate,
+                            prompts,
+                            n=1,
+                            temperature=model.temperature,
+                            max_tokens=model.max_new_tokens,
+                            seed=seed,
+                        )
+                    )
+                    turn += 1
+                    ended = await anyio.to_thread.run_sync(play_turn, list(live), prompts, completions)
+                    # --- publish finished rollouts, then commit what is wholly done ---
+                    await publish(ended)
+                    done = offsets.committable()
+                    if done:
+                        await consumer.commit(done)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher.run, shutdown)
+            await rollout_loop()
+            tg.cancel_scope.cancel()

@@ -1,0 +1,109 @@
+"""Judge: context replay, and run() against the real broker with the tiny reward model."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from consumers import judge
+from consumers.judge import step_contexts
+from envs import get_environment
+from infra.bus import Bus
+from schemas import topics
+from schemas.config import JudgeConfig, ModelConfig, RunConfig
+from schemas.events import JudgedTrajectory, Step, Trajectory
+
+REWARD = ModelConfig(bootstrap_sft_seconds=5, max_new_tokens=16)
+ENV = get_environment("household")
+
+
+def oracle_trajectory(seed: int, request_id: str, index: int = 0) -> Trajectory:
+    """A trajectory that follows the oracle (token ids are placeholders: the judge does not read them)."""
+    task = ENV.sample_task(0, random.Random(seed))
+    episode = ENV.reset(task)
+    steps = []
+    for i, response in enumerate(ENV.oracle(task)):
+        prompt = episode.prompt()
+        result = episode.step(response)
+        steps.append(
+            Step(
+                index=i,
+                prompt=prompt,
+                response=response,
+                prompt_token_ids=[1, 2],
+                response_token_ids=[3],
+                behaviour_logprobs=[-0.5],
+                policy_version=0,
+                observation=result.observation,
+            )
+        )
+    return Trajectory(
+        request_id=request_id,
+        rollout_index=index,
+        group_size=2,
+        task=task,
+        steps=steps,
+        outcome=episode.outcome,
+    )
+
+
+# --- pure parts ----------------------------------------------------------------------------------
+def test_contexts_come_from_replaying_the_episode() -> None:
+    trajectory = oracle_trajectory(3, "r")
+    contexts = step_contexts(ENV, trajectory)
+    assert len(contexts) == len(trajectory.steps) >= 1
+    episode = ENV.reset(trajectory.task)
+    for i, step in enumerate(trajectory.steps):
+        assert contexts[i] == episode.judge_context(i)
+        episode.step(step.response)
+    assert "Previous actions: none" in contexts[0]
+
+
+# --- run() against the broker --------------------------------------------------------------------
+async def wait_records(
+    bus: Bus, topic: str, ok: Callable[[list[Any]], bool], *, timeout: float = 60.0
+) -> list[Any]:
+    with anyio.fail_after(timeout):
+        while True:
+            values = [r.value for r in await bus.read_topic(topic)]
+            if ok(values):
+                return values
+            await anyio.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, tmp_path: Path) -> None:
+    m = 3
+    config = RunConfig(
+        workdir=str(tmp_path),
+        kafka=kafka_config,
+        reward_model=REWARD,
+        judge=JudgeConfig(m=m, temperature=REWARD.temperature, max_new_tokens=16),
+    )
+    trajectories = [oracle_trajectory(11, "req-j", 0), oracle_trajectory(11, "req-j", 1)]
+    shutdown = anyio.Event()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        for t in [*trajectories, trajectories[0]]:  # the last one is a redelivery: deduplicated
+            await bus.send(topics.TRAJECTORIES, t, key=t.request_id)
+        tg.start_soon(functools.partial(judge.run, config, shutdown=shutdown))
+        got: list[JudgedTrajectory] = await wait_records(bus, topics.JUDGED, lambda v: len(v) >= 2)
+        await anyio.sleep(1.0)
+        got = [r.value for r in await bus.read_topic(topics.JUDGED)]
+        assert sorted(j.key for j in got) == ["req-j/0", "req-j/1"]
+        for judged in got:
+            assert judged.reward_version == 0 and judged.judge_id
+            assert [s.step_index for s in judged.steps] == [s.index for s in judged.trajectory.steps]
+            for step in judged.steps:
+                assert len(step.judgements) == m
+                for j in step.judgements:
+                    assert j.verdict in (1, -1, 0)
+                    assert len(j.behaviour_logprobs) == len(j.response_token_ids) >= 1
+                    assert all(lp <= 0.0 for lp in j.behaviour_logprobs)
+                    assert j.prompt_token_ids and j.text
+        shutdown.set()
