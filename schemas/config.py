@@ -116,6 +116,10 @@ class SignalsConfig(Config, frozen=True, kw_only=True):
     """Reward-model samples only from groups whose accuracy lies in [low, high]."""
     group_timeout_s: PosFloat = 600.0
     """A group missing rollouts this long is flushed as incomplete and counted."""
+    max_open_groups: PosInt = 10_000
+    """Groups held in memory at most; beyond this the oldest is flushed early (bounded state)."""
+    fetch_records: PosInt = 256
+    """Judged trajectories fetched per poll."""
 
 
 class ForgeConfig(Config, frozen=True, kw_only=True):
@@ -124,6 +128,11 @@ class ForgeConfig(Config, frozen=True, kw_only=True):
     window: PosInt = 8
     """Rollouts in a task's accuracy window (paper: one group of n)."""
     app_id: str = "forgestream-forge"
+    """Faust app id = consumer group and prefix of its internal topics (after kafka.topic_prefix)."""
+    event_cooldown_s: NonNegFloat = 60.0
+    """After a harder/easier event a task gets no other one this long (its variant needs time to appear)."""
+    partitions: PosInt = 8
+    """Partitions of the app's internal topics (repartition by task_id, table changelog)."""
 
 
 class EnvModelConfig(Config, frozen=True, kw_only=True):
