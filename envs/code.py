@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import json
 import random
 import re
@@ -47,6 +48,8 @@ LEVELS: tuple[tuple[tuple[int, ...], bool, int, int, int], ...] = (
 MAX_TESTS = 16
 MAX_EXAMPLES = 3
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_mb=256)
+# Our references are linear on small inputs; a written test that makes them run longer is wrong.
+REFERENCE_LIMITS = SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=256)
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _TEST_BLOCK = re.compile(
@@ -218,16 +221,28 @@ def task_statement(task: TaskSpec) -> str:
     return "\n".join(lines)
 
 
-def unit_test_prompt(task: TaskSpec, n_tests: int = 4) -> str:
-    """Prompt asking the reward model for unit tests in the format `parse_unit_tests` reads."""
+def unit_test_prompt(task: TaskSpec, step_response: str = "", n_tests: int = 4) -> str:
+    """Prompt asking the reward model for unit tests in the format `parse_unit_tests` reads; when the
+    policy's answer is given it is shown as a candidate to find bugs in (it may be right or wrong)."""
     _, spec = _template(task)
+    program = extract_program(step_response) if step_response else None
+    candidate = (
+        f"A candidate solution (it may be wrong):\n```python\n{program}```\n\n" if program is not None else ""
+    )
     return (
-        f"{task_statement(task)}\n\n"
+        f"{task_statement(task)}\n\n{candidate}"
         f"Write {n_tests} unit tests for `{spec.func}` that a wrong solution would fail, including edge "
         "cases. For each test write the arguments of one call as Python literals separated by commas, "
         "and the expected return value as a Python literal, exactly in this format:\n"
         "**Test Input:**\n```\n<arguments>\n```\n**Test Output:**\n```\n<return value>\n```"
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _reference_passes(template: str, strict: bool, test: tuple[str, str]) -> bool:
+    spec = BY_NAME[template].strict if strict else BY_NAME[template].basic
+    # Even our reference runs in the sandbox here: test inputs are model-written (e.g. base=1 loops).
+    return run_tests(spec.reference, [test], func=spec.func, limits=REFERENCE_LIMITS)[0]
 
 
 def level_of(params: dict[str, Any]) -> int:
@@ -341,6 +356,25 @@ class CodeEnv:
             *template.strict.mutants,
         ]
         return [f"```python\n{src}```" for src in sources]
+
+    # --- the reward model's side in this domain (used by consumers/judge.py) ---
+    def unit_test_prompt(self, task: TaskSpec, step_response: str = "", n_tests: int = 4) -> str:
+        return unit_test_prompt(task, step_response, n_tests)
+
+    def parse_unit_tests(self, text: str) -> list[tuple[str, str]]:
+        return parse_unit_tests(text)
+
+    def test_is_correct(self, task: TaskSpec, test: tuple[str, str]) -> bool:
+        """A written test is correct iff the task's reference solution passes it (cached per spec)."""
+        return _reference_passes(task.params["template"], bool(task.params.get("strict")), tuple(test))
+
+    def program_passes(self, task: TaskSpec, response: str, test: tuple[str, str]) -> bool:
+        """Whether the policy's answer (a response with a ```python block) passes one written test."""
+        program = extract_program(response)
+        _, spec = _template(task)
+        return (
+            program is not None and run_tests(program, [tuple(test)], func=spec.func, limits=self.limits)[0]
+        )
 
     def signature(self, task: TaskSpec) -> str:
         p = task.params

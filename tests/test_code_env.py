@@ -256,3 +256,18 @@ def test_unit_test_prompt_asks_for_the_parsed_format() -> None:
     task = ENV.task_for("merge_sorted", 2, random.Random(1))
     prompt = unit_test_prompt(task, n_tests=3)
     assert "merge_sorted" in prompt and "**Test Input:**" in prompt and "**Test Output:**" in prompt
+
+
+@pytest.mark.timeout(60)
+def test_reward_model_side_methods_used_by_the_judge() -> None:
+    task = ENV.task_for("digit_sum", 2, random.Random(2))  # strict: digit_sum(n, base); 255 = 0xFF -> 30
+    good, wrong, looping = ("255, 16", "30"), ("255, 16", "15"), ("5, 1", "5")  # base 1 never ends
+    assert ENV.test_is_correct(task, good) and not ENV.test_is_correct(task, wrong)
+    assert not ENV.test_is_correct(task, looping)  # the reference runs sandboxed: it times out, cleanly
+    no_abs = "```python\ndef digit_sum(n, base):\n    total = 0\n    while n > 0:\n        total += n % base\n        n //= base\n    return total\n```"
+    assert ENV.program_passes(task, ENV.oracle(task)[0], good)
+    assert ENV.program_passes(task, no_abs, good) and not ENV.program_passes(task, no_abs, ("-255, 16", "30"))
+    assert not ENV.program_passes(task, "no code", good)
+    prompt = ENV.unit_test_prompt(task, no_abs)
+    assert "candidate solution" in prompt and "while n > 0" in prompt
+    assert ENV.parse_unit_tests(f"**Test Input:** {good[0]}\n**Test Output:** {good[1]}") == [good]
