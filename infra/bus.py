@@ -144,6 +144,35 @@ async def _fetch(
     return result
 
 
+async def stop_consumer(consumer: AIOKafkaConsumer, via: AIOKafkaProducer | None, timeout_s: float) -> None:
+    """Stop a group consumer and make sure it left the group.
+
+    aiokafka sends LeaveGroup only when its generation is > 0, but Tansu numbers the first generation
+    0: without this, the next member to join waits for our session to expire (measured: 11 s instead
+    of 3 s with a 6 s session timeout). We send that LeaveGroup ourselves through the bus producer's
+    connection once the consumer has stopped (aiokafka internals: `_coordinator`, read-only here).
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    gen0 = getattr(coordinator, "generation", None) == 0
+    member = getattr(coordinator, "member_id", "") if gen0 else ""
+    node = getattr(coordinator, "coordinator_id", None)
+    group = getattr(coordinator, "group_id", None)
+    with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s):
+        await consumer.stop()
+        if member and node is not None and group and via is not None:
+            from aiokafka.client import ConnectionGroup
+            from aiokafka.protocol.group import LeaveGroupRequest
+
+            try:
+                await via.client.send(
+                    node, LeaveGroupRequest(group, member), group=ConnectionGroup.COORDINATION
+                )
+            except KafkaError as e:
+                log.info(
+                    "LeaveGroup for %s failed (%s): the group rebalances after the session timeout", group, e
+                )
+
+
 class _Dedup:
     """Bounded LRU set of idempotency keys."""
 
@@ -353,8 +382,8 @@ class Bus:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.kafka.request_timeout_s):
                 try:
                     await offsets.commit()
-                finally:
-                    await consumer.stop()  # leaves the group: partitions move at once
+                finally:  # leave the group: partitions move at once
+                    await stop_consumer(consumer, self._producer, self.kafka.request_timeout_s)
 
     async def _handle(
         self,
@@ -507,8 +536,7 @@ class BatchConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.bus.kafka.request_timeout_s):
-            await self._consumer.stop()
+        await stop_consumer(self._consumer, self.bus._producer, self.bus.kafka.request_timeout_s)
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(self.bus.names.logical(tp.topic), tp.partition) for tp in self._consumer.assignment()}
