@@ -1,0 +1,292 @@
+"""signals: whole groups of judged rollouts -> policy and reward-model training samples.
+
+Consumes `forge.trajectories.judged` (group "signals"; keyed by request_id, so the n rollouts of a
+request share a partition and one member gathers the whole group) and follows `forge.tasks` from the
+beginning without a group (every member needs every task's status).
+Produces one `PolicySampleBatch` per group on `forge.samples.policy` (a sample per (rollout, step)
+with a non-zero advantage) and one `RewardSampleBatch` on `forge.samples.reward` (a sample per
+judgement with a non-zero advantage, only when lo <= group accuracy <= hi); the math is
+`algorithm.group_signals` (R = O + λ·mean S, per-step z-scores, consistency / CURE rewards).
+
+Invariants:
+- a group is published once it holds group_size distinct rollouts (duplicate deliveries of a
+  trajectory key are ignored, and so are late copies of a finished request, within a bounded LRU);
+- a group whose task was *pending* when requested waits for forge's verdict on `forge.tasks`: the
+  variant seen active (accepted) -> published; seen retired without having been active (rejected) ->
+  dropped and counted;
+- a group incomplete after `signals.group_timeout_s` (or held that long undecided, or pushed out by
+  `signals.max_open_groups`) is flushed with the rollouts it has (>= 2 and trainable) or dropped;
+  both are counted (`signals/groups_incomplete`, `signals/groups_dropped`).
+
+Offsets (why a watermark and not a rebuild): a group spans several records, so committing a record's
+offset right after reading it would lose the group's earlier records on a crash. We commit per
+partition `min(first offset of every group still in memory, last read + 1)`: a restarted or newly
+assigned member re-reads from there and rebuilds every unfinished group from its own records. Records
+past the watermark whose groups were already published are re-read too; copies are skipped by the
+finished-request LRU while the process lives, and after a restart by the learners, which train each
+`sample_key` at most once. Partitions that move away drop their groups here: the new owner rebuilds
+them from the committed watermark.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import anyio
+
+import algorithm
+from infra.bus import Bus, Record
+from schemas.config import RunConfig, SignalsConfig
+from schemas.events import (
+    JudgedTrajectory,
+    PolicySample,
+    PolicySampleBatch,
+    RewardSample,
+    RewardSampleBatch,
+    TaskSpec,
+    finite,
+)
+from schemas.topics import JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
+
+log = logging.getLogger("forgestream.signals")
+GROUP = "signals"
+
+
+@dataclass
+class Group:
+    """The judged rollouts of one request gathered so far."""
+
+    request_id: str
+    task: TaskSpec  # as embedded in the request (status at request time)
+    group_size: int
+    opened_at: float
+    rollouts: dict[int, JudgedTrajectory] = field(default_factory=dict)
+    first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) -> offset
+    complete_at: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rollouts) >= self.group_size
+
+
+class TaskStatuses:
+    """What `forge.tasks` said so far: latest spec per task_id, and which variants were accepted."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, TaskSpec] = {}
+        self.accepted: set[str] = set()
+
+    def update(self, spec: TaskSpec) -> None:
+        current = self.latest.get(spec.task_id)
+        if current is None or spec.version >= current.version:
+            self.latest[spec.task_id] = spec
+        if spec.status == "active" and spec.parent_id is not None:
+            self.accepted.add(spec.task_id)  # variants are born pending: active means accepted
+
+    def verdict(self, task: TaskSpec) -> str:
+        """'train', 'hold' (pending variant not decided yet) or 'drop' (variant rejected)."""
+        if task.status != "pending" or task.task_id in self.accepted:
+            return "train"
+        current = self.latest.get(task.task_id)
+        if current is not None and current.status == "active" and current.version > task.version:
+            return "train"
+        if current is not None and current.status == "retired":
+            return "drop"
+        return "hold"
+
+
+class Gatherer:
+    """Groups in flight, their decisions and the committable watermark (no I/O: unit-testable)."""
+
+    def __init__(self, config: SignalsConfig, dedup_window: int) -> None:
+        self.config = config
+        self.tasks = TaskStatuses()
+        self.groups: OrderedDict[str, Group] = OrderedDict()  # oldest first
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.finished_size = max(dedup_window, 1)
+        self.read_up_to: dict[tuple[str, int], int] = {}  # next offset after the last record read
+        self.duplicates = 0
+
+    def add(self, record: Record[JudgedTrajectory], now: float) -> None:
+        tp = (record.topic, record.partition)
+        self.read_up_to[tp] = max(self.read_up_to.get(tp, 0), record.offset + 1)
+        judged = record.value
+        trajectory = judged.trajectory
+        if trajectory.request_id in self.finished:
+            self.duplicates += 1
+            return
+        group = self.groups.get(trajectory.request_id)
+        if group is None:
+            group = Group(trajectory.request_id, trajectory.task, trajectory.group_size, opened_at=now)
+            self.groups[trajectory.request_id] = group
+        if trajectory.rollout_index in group.rollouts:
+            self.duplicates += 1
+        else:
+            group.rollouts[trajectory.rollout_index] = judged
+        group.first_offsets.setdefault(tp, record.offset)
+        if group.complete and group.complete_at is None:
+            group.complete_at = now
+
+    def decide(self, now: float) -> list[tuple[Group, str]]:
+        """Groups leaving memory now, with what to do: 'train', 'partial' or 'drop:<reason>'."""
+        out: list[tuple[Group, str]] = []
+        timeout = self.config.group_timeout_s
+        overflow = len(self.groups) - self.config.max_open_groups
+        for group in list(self.groups.values()):
+            verdict = self.tasks.verdict(group.task)
+            expired = overflow > 0 or now - group.opened_at >= timeout
+            if verdict == "drop":
+                action = "drop:rejected"
+            elif group.complete and verdict == "train":
+                action = "train"
+            elif not expired:
+                continue
+            elif verdict == "hold":
+                action = "drop:undecided"
+            else:
+                action = "partial" if len(group.rollouts) >= 2 else "drop:timeout"
+            overflow -= 1
+            out.append((group, action))
+            self.finish(group.request_id)
+        return out
+
+    def finish(self, request_id: str) -> None:
+        self.groups.pop(request_id, None)
+        self.finished[request_id] = None
+        self.finished.move_to_end(request_id)
+        while len(self.finished) > self.finished_size:
+            self.finished.popitem(last=False)
+
+    def forget_partitions(self, assigned: set[tuple[str, int]]) -> int:
+        """Drop groups and read positions of partitions we no longer own; returns groups dropped."""
+        gone = [rid for rid, g in self.groups.items() if any(tp not in assigned for tp in g.first_offsets)]
+        for rid in gone:
+            del self.groups[rid]
+        for tp in [tp for tp in self.read_up_to if tp not in assigned]:
+            del self.read_up_to[tp]
+        return len(gone)
+
+    def watermark(self) -> dict[tuple[str, int], int]:
+        """Per partition, the next offset that is safe to commit."""
+        marks = dict(self.read_up_to)
+        for group in self.groups.values():
+            for tp, offset in group.first_offsets.items():
+                if tp in marks:
+                    marks[tp] = min(marks[tp], offset)
+        return marks
+
+
+def build_samples(
+    group: Group, config: SignalsConfig
+) -> tuple[PolicySampleBatch, RewardSampleBatch, algorithm.GroupSignals]:
+    """Policy and reward-model sample batches of a group (pure)."""
+    judged = [group.rollouts[i] for i in sorted(group.rollouts)]
+    for j in judged:
+        if len(j.steps) != len(j.trajectory.steps):
+            raise ValueError(f"{j.key}: {len(j.steps)} step judgements for {len(j.trajectory.steps)} steps")
+    outcomes = [j.trajectory.outcome for j in judged]
+    verdicts = [[s.verdicts for s in j.steps] for j in judged]
+    scores = [[[x.score for x in s.judgements] for s in j.steps] for j in judged]
+    signals = algorithm.group_signals(
+        outcomes,
+        verdicts,
+        lam=config.lam,
+        rm_acc_low=config.rm_acc_low,
+        rm_acc_high=config.rm_acc_high,
+        scores=scores,
+    )
+    policy: list[PolicySample] = []
+    for target in signals.policy:
+        trajectory = judged[target.rollout].trajectory
+        step = trajectory.steps[target.step]
+        policy.append(
+            PolicySample(
+                sample_key=f"{group.request_id}/{trajectory.rollout_index}/{step.index}",
+                task_id=trajectory.task.task_id,
+                prompt_token_ids=step.prompt_token_ids,
+                response_token_ids=step.response_token_ids,
+                behaviour_logprobs=step.behaviour_logprobs,
+                policy_version=step.policy_version,
+                advantage=finite(target.advantage),
+                reward=finite(target.reward),
+            )
+        )
+    reward: list[RewardSample] = []
+    for target in signals.reward:
+        jt = judged[target.rollout]
+        step_index = jt.trajectory.steps[target.step].index
+        judgement = jt.steps[target.step].judgements[target.judgement]
+        reward.append(
+            RewardSample(
+                sample_key=f"{group.request_id}/{jt.trajectory.rollout_index}/{step_index}/{target.judgement}",
+                prompt_token_ids=judgement.prompt_token_ids,
+                response_token_ids=judgement.response_token_ids,
+                behaviour_logprobs=judgement.behaviour_logprobs,
+                reward_version=jt.reward_version,
+                advantage=finite(target.advantage),
+                reward=finite(target.reward),
+            )
+        )
+    return (
+        PolicySampleBatch(request_id=group.request_id, samples=policy),
+        RewardSampleBatch(request_id=group.request_id, samples=reward),
+        signals,
+    )
+
+
+async def _publish(bus: Bus, group: Group, action: str, config: SignalsConfig) -> None:
+    if action.startswith("drop:"):
+        log.info("group %s dropped (%s, %d rollouts)", group.request_id, action[5:], len(group.rollouts))
+        await bus.metric("signals/groups_dropped", 1.0, reason=action[5:])
+        return
+    try:
+        policy, reward, signals = build_samples(group, config)
+    except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
+        log.warning("group %s dropped: %s", group.request_id, e)
+        await bus.metric("signals/groups_dropped", 1.0, reason="invalid")
+        return
+    if policy.samples:
+        await bus.send(SAMPLES_POLICY, policy, key=group.request_id)
+    if reward.samples:
+        await bus.send(SAMPLES_REWARD, reward, key=group.request_id)
+    await bus.metric("signals/policy_samples", float(len(policy.samples)))
+    await bus.metric("signals/reward_samples", float(len(reward.samples)))
+    await bus.metric("signals/group_accuracy", signals.accuracy, task=group.task.task_id)
+    if action == "partial":
+        await bus.metric("signals/groups_incomplete", 1.0)
+
+
+async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
+    """Gather judged groups and publish their training samples until `shutdown` is set."""
+    shutdown = shutdown or anyio.Event()
+    settings = config.signals
+    gatherer = Gatherer(settings, config.kafka.dedup_window)
+    async with Bus(config.kafka, role="signals") as bus, anyio.create_task_group() as tg:
+
+        async def follow_tasks() -> None:
+            async for record in bus.follow_topic(TASKS, shutdown=shutdown):
+                gatherer.tasks.update(record.value)
+
+        tg.start_soon(follow_tasks)
+        async with bus.batch_consumer([JUDGED], group=GROUP) as consumer:
+            committed: dict[tuple[str, int], int] = {}
+            while not shutdown.is_set():
+                # --- gather ---
+                # (the 1 s poll timeout also wakes us for group timeouts and task decisions)
+                for record in await consumer.next_batch(settings.fetch_records, timeout_s=1.0):
+                    gatherer.add(record, time.monotonic())
+                lost = gatherer.forget_partitions(consumer.assignment())
+                if lost:
+                    log.info("%d groups left with their partitions; their new owner rebuilds them", lost)
+                # --- publish whole (or expired) groups ---
+                for group, action in gatherer.decide(time.monotonic()):
+                    await _publish(bus, group, action, settings)
+                # --- commit what no group in memory still needs ---
+                marks = {tp: o for tp, o in gatherer.watermark().items() if committed.get(tp) != o}
+                if marks:
+                    await consumer.commit(marks)
+                    committed.update(marks)
+            tg.cancel_scope.cancel()

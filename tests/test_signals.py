@@ -1,0 +1,244 @@
+"""signals: hand-built judged groups -> exact samples; duplicates; pending variants; watermark."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+from aiokafka.partitioner import murmur2
+
+from consumers import signals
+from infra.bus import Bus, Record
+from schemas import topics
+from schemas.config import RunConfig, SignalsConfig
+from schemas.events import (
+    JudgedTrajectory,
+    Judgement,
+    Metric,
+    Step,
+    StepJudgement,
+    TaskSpec,
+    Trajectory,
+)
+
+TASK = TaskSpec(task_id="t-base", domain="arith", difficulty=0, params={}, seed=1)
+
+
+def judged(
+    request_id: str, rollout: int, size: int, outcome: int, verdicts: list[list[int]], task: TaskSpec = TASK
+) -> JudgedTrajectory:
+    """A judged rollout whose step k has the given verdicts; token ids encode (rollout, step, judgement)."""
+    steps = [
+        Step(
+            index=k,
+            prompt="p",
+            response="r",
+            prompt_token_ids=[rollout, k],
+            response_token_ids=[100 + rollout, 100 + k],
+            behaviour_logprobs=[-0.5, -0.25],
+            policy_version=3,
+        )
+        for k in range(len(verdicts))
+    ]
+    step_judgements = [
+        StepJudgement(
+            step_index=k,
+            judgements=[
+                Judgement(
+                    verdict=v,
+                    prompt_token_ids=[rollout, k, j],
+                    response_token_ids=[7, j],
+                    behaviour_logprobs=[-1.0, -2.0],
+                )
+                for j, v in enumerate(vs)
+            ],
+        )
+        for k, vs in enumerate(verdicts)
+    ]
+    trajectory = Trajectory(
+        request_id=request_id, rollout_index=rollout, group_size=size, task=task, steps=steps, outcome=outcome
+    )
+    return JudgedTrajectory(trajectory=trajectory, steps=step_judgements, reward_version=2)
+
+
+# Group A (n=3, λ=1, m=2). R = O + mean(S):
+#   rollout 0: O=+1, S=[1,1],[1,-1],[1,1]  -> R = [2, 1, 2]
+#   rollout 1: O=-1, S=[1,1],[-1,-1]       -> R = [0, -2]
+#   rollout 2: O=-1, S=[-1,0]              -> R = [-1.5]
+# step 0: [2, 0, -1.5], mean 1/6, pop. var (121/36 + 1/36 + 100/36)/3 = 222/108, std 1.433721...
+#   -> advantages 1.833333/std = 1.278724, -0.166667/std = -0.116248, -1.666667/std = -1.162476
+# step 1: [1, -2], mean -0.5, std 1.5 -> +1, -1
+# step 2: reached by rollout 0 only -> 0 -> dropped
+A_POLICY = {
+    "A/0/0": (2.0, 1.278724),
+    "A/1/0": (0.0, -0.116248),
+    "A/2/0": (-1.5, -1.162476),
+    "A/0/1": (1.0, 1.0),
+    "A/1/1": (-2.0, -1.0),
+}
+# Reward model (accuracy 1/3 in [0.2, 0.8]): raw = R*s (invalid verdict -2), z-scored over m=2:
+#   (0,1): R=1, S=[1,-1] -> raw [1,-1] -> [+1,-1];  (2,0): R=-1.5, S=[-1,0] -> raw [1.5,-2] -> [+1,-1]
+#   every other step has equal raws -> advantage 0 -> dropped
+A_REWARD = {"A/0/1/0": (1.0, 1.0), "A/0/1/1": (-1.0, -1.0), "A/2/0/0": (1.5, 1.0), "A/2/0/1": (-2.0, -1.0)}
+# Group B (n=2, both succeed): R = [2], [1] -> advantages +1, -1; accuracy 1.0 -> no reward samples.
+B_POLICY = {"B/0/0": (2.0, 1.0), "B/1/0": (1.0, -1.0)}
+
+
+def group_a() -> list[JudgedTrajectory]:
+    return [
+        judged("A", 0, 3, 1, [[1, 1], [1, -1], [1, 1]]),
+        judged("A", 1, 3, -1, [[1, 1], [-1, -1]]),
+        judged("A", 2, 3, -1, [[-1, 0]]),
+    ]
+
+
+def group_b(request_id: str = "B", task: TaskSpec = TASK) -> list[JudgedTrajectory]:
+    return [judged(request_id, 0, 2, 1, [[1, 1]], task), judged(request_id, 1, 2, 1, [[1, -1]], task)]
+
+
+def test_build_samples_matches_hand_computed_numbers() -> None:
+    group = signals.Group("A", TASK, 3, opened_at=0.0)
+    group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
+    policy, reward, _ = signals.build_samples(group, SignalsConfig())
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == A_POLICY
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD
+    first = next(s for s in policy.samples if s.sample_key == "A/2/0")
+    assert (first.prompt_token_ids, first.response_token_ids, first.policy_version) == ([2, 0], [102, 100], 3)
+    rm = next(s for s in reward.samples if s.sample_key == "A/2/0/1")
+    assert (rm.prompt_token_ids, rm.reward_version) == ([2, 0, 1], 2)
+
+
+def _record(value: JudgedTrajectory, offset: int, partition: int = 0) -> Record[JudgedTrajectory]:
+    return Record(topics.JUDGED, partition, offset, value.trajectory.request_id, value, 0)
+
+
+def test_watermark_waits_for_every_open_group_and_timeouts_flush() -> None:
+    gatherer = signals.Gatherer(SignalsConfig(group_timeout_s=10.0, max_open_groups=10), dedup_window=100)
+    a, b = group_a(), group_b()
+    gatherer.add(_record(a[0], 0), now=0.0)
+    gatherer.add(_record(b[0], 1), now=0.0)
+    gatherer.add(_record(b[1], 2), now=0.0)
+    gatherer.add(_record(b[1], 3), now=0.0)  # duplicate delivery
+    assert [(g.request_id, action) for g, action in gatherer.decide(now=1.0)] == [("B", "train")]
+    assert gatherer.watermark() == {(topics.JUDGED, 0): 0}  # A's first record still needed
+    gatherer.add(_record(b[0], 4), now=1.0)  # late copy of a finished group
+    assert gatherer.duplicates == 2 and "B" not in gatherer.groups
+    gatherer.add(_record(a[1], 5), now=1.0)
+    assert gatherer.decide(now=5.0) == []
+    [(group, action)] = gatherer.decide(now=10.0)  # A times out with 2 of 3 rollouts
+    assert (group.request_id, action) == ("A", "partial")
+    assert gatherer.watermark() == {(topics.JUDGED, 0): 6}
+    assert gatherer.forget_partitions(set()) == 0 and gatherer.watermark() == {}
+
+
+def test_pending_variant_verdicts() -> None:
+    statuses = signals.TaskStatuses()
+    variant = TaskSpec(
+        task_id="v", domain="arith", difficulty=1, params={}, seed=1, status="pending", parent_id="p"
+    )
+    assert statuses.verdict(variant) == "hold"
+    statuses.update(variant)
+    assert statuses.verdict(variant) == "hold"
+    statuses.update(TaskSpec(**{**_fields(variant), "status": "active", "version": 1}))
+    statuses.update(TaskSpec(**{**_fields(variant), "status": "retired", "version": 2}))
+    assert statuses.verdict(variant) == "train"  # accepted once, later replaced: its rollouts still train
+    statuses.update(TaskSpec(**{**_fields(variant), "task_id": "w", "status": "retired", "version": 1}))
+    assert statuses.verdict(TaskSpec(**{**_fields(variant), "task_id": "w"})) == "drop"
+
+
+def _fields(spec: TaskSpec) -> dict[str, Any]:
+    return {f: getattr(spec, f) for f in spec.__struct_fields__}
+
+
+def partition_of(key: str, partitions: int) -> int:
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def same_partition_key(prefix: str, like: str, partitions: int) -> str:
+    target = partition_of(like, partitions)
+    return next(f"{prefix}{i}" for i in range(10_000) if partition_of(f"{prefix}{i}", partitions) == target)
+
+
+async def wait_for(
+    bus: Bus, topic: str, predicate: Callable[[list[Any]], bool], timeout_s: float = 30.0
+) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = [r.value for r in await bus.read_topic(topic)]
+        if predicate(values):
+            return values
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting on {topic}: {values}")
+        await anyio.sleep(0.2)
+
+
+def keyed(batches: list[Any]) -> dict[str, tuple[float, float]]:
+    return {s.sample_key: (s.reward, round(s.advantage, 6)) for b in batches for s in b.samples}
+
+
+@pytest.mark.timeout(90)
+async def test_signals_role_end_to_end(kafka_config: Any) -> None:
+    config = RunConfig(kafka=kafka_config, signals=SignalsConfig(group_timeout_s=60.0))
+    shutdown = anyio.Event()
+    n_parts = topics.TOPICS[topics.JUDGED].partitions
+    variant = TaskSpec(
+        task_id="v", domain="arith", difficulty=1, params={}, seed=2, status="pending", parent_id="t-base"
+    )
+    rejected = TaskSpec(
+        task_id="w", domain="arith", difficulty=1, params={}, seed=3, status="pending", parent_id="t-base"
+    )
+    held_id = "C"
+    probe_id = same_partition_key("probe", held_id, n_parts)  # read after C on the same partition
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: signals.run(config, shutdown=shutdown))
+        await bus.send(topics.TASKS, variant, key="v")
+        await bus.send(topics.TASKS, rejected, key="w")
+        a = group_a()
+        for value in [
+            a[0],
+            a[1],
+            a[1],
+            *group_b(),
+            a[2],
+            a[0],
+            *group_b("C", variant),
+            *group_b("D", rejected),
+        ]:
+            await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
+        for value in group_b(probe_id):
+            await bus.send(topics.JUDGED, value, key=probe_id)
+
+        # --- A and B exactly once; the held pending group C not yet ---
+        policy = await wait_for(
+            bus, topics.SAMPLES_POLICY, lambda v: {b.request_id for b in v} >= {"A", "B", probe_id}
+        )
+        assert sorted(b.request_id for b in policy) == sorted(["A", "B", probe_id])
+        assert keyed([b for b in policy if b.request_id in "AB"]) == A_POLICY | B_POLICY
+        reward = await wait_for(bus, topics.SAMPLES_REWARD, lambda v: len(v) >= 1)
+        assert [b.request_id for b in reward] == ["A"] and keyed(reward) == A_REWARD
+
+        # --- forge accepts v (active, version bumped) and rejects w (retired) ---
+        await bus.send(
+            topics.TASKS, TaskSpec(**{**_fields(variant), "status": "active", "version": 1}), key="v"
+        )
+        await bus.send(
+            topics.TASKS, TaskSpec(**{**_fields(rejected), "status": "retired", "version": 1}), key="w"
+        )
+        policy = await wait_for(bus, topics.SAMPLES_POLICY, lambda v: "C" in {b.request_id for b in v})
+        assert keyed([b for b in policy if b.request_id == "C"]) == {
+            "C/0/0": (2.0, 1.0),
+            "C/1/0": (1.0, -1.0),
+        }
+
+        def dropped(values: list[Metric]) -> bool:
+            return any(
+                m.name == "signals/groups_dropped" and m.labels == {"reason": "rejected"} for m in values
+            )
+
+        await wait_for(bus, topics.METRICS, dropped)
+        policy = [r.value for r in await bus.read_topic(topics.SAMPLES_POLICY)]
+        assert "D" not in {b.request_id for b in policy}
+        shutdown.set()
