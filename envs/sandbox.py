@@ -10,7 +10,8 @@ Layers (each one alone is not enough; together they fail closed and say why):
   here; only a down loopback inside) where the kernel allows it, and always an audit hook that
   refuses to create any socket;
 - an audit hook (`sys.addaudithook`, cannot be removed once installed) that refuses: opening a file
-  for writing, or removing / renaming / creating / chmod-ing paths, outside the temp dir; process
+  for writing, opening a directory (whose fd would allow `dir_fd=` writes), or removing / renaming /
+  creating / chmod-ing paths, outside the temp dir (paths resolved through symlinks); process
   creation (fork, exec, spawn, system, Popen) and signals to other processes; raising rlimits; and
   importing ctypes / _posixsubprocess (the ways around the hook). A refusal ends the child at once
   with an exit code that names the reason, so catching the exception does not hide it;
@@ -108,8 +109,8 @@ resource.setrlimit(resource.RLIMIT_AS, (cfg["mem"], cfg["mem"]))
 resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
 resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
 
-_exit, _write, _fspath, _realpath, _join, _getcwd = (
-    os._exit, os.write, os.fspath, os.path.realpath, os.path.join, os.getcwd)
+_exit, _write, _fspath, _realpath, _join, _getcwd, _isdir = (
+    os._exit, os.write, os.fspath, os.path.realpath, os.path.join, os.getcwd, os.path.isdir)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _ALLOWED_FILES = ("/dev/null",)
 _PROCESS = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
@@ -139,13 +140,25 @@ def _inside(path):
         return False
     return full == WORK or full.startswith(WORK + "/") or full in _ALLOWED_FILES
 
+def _is_outside_dir(path):
+    try:
+        p = _fspath(path)
+        if isinstance(p, bytes):
+            p = p.decode("utf-8", "surrogateescape")
+        return _isdir(_join(_getcwd(), p))
+    except Exception:
+        return True
+
 def _hook(event, args):
     if event == "open":
         path, mode, flags = args
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
             (flags or 0) & _WRITE_FLAGS)
-        if writing and not _inside(path):
-            _deny(112, "write outside the sandbox: " + repr(path))
+        if not _inside(path):
+            if writing:
+                _deny(112, "write outside the sandbox: " + repr(path))
+            if _is_outside_dir(path):  # a directory fd would allow writes via dir_fd=
+                _deny(112, "opening a directory outside the sandbox: " + repr(path))
     elif event in _PATH_EVENTS:
         for p in args[: _PATH_EVENTS[event]]:
             if not _inside(p):

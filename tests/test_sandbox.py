@@ -118,6 +118,10 @@ def test_network_namespace_is_private_where_permitted() -> None:
         "import os\nos.close(os.open(TARGET, os.O_WRONLY | os.O_CREAT))",
         "import os\nos.symlink(TARGET, 'link')\nopen('link', 'w').write('pwned')",  # realpath sees through
         "open('../' * 30 + TARGET.lstrip('/'), 'a').write('pwned')",
+        # a directory fd outside would let dir_fd= writes through: opening it is refused
+        "import os\nd = os.open(os.path.dirname(TARGET), os.O_RDONLY)\n"
+        "os.close(os.open(os.path.basename(TARGET), os.O_WRONLY | os.O_CREAT, dir_fd=d))",
+        "import os\nos.chdir('/')\nopen(TARGET.lstrip('/'), 'w').write('pwned')",
     ],
 )
 def test_write_outside_the_temp_dir_is_refused(code: str, tmp_path) -> None:
