@@ -27,10 +27,10 @@ from typing import Any
 
 import anyio
 import msgspec
-from infra.bus import Bus, Record
 
 from envs import get_environment, parse_boxed
 from envs.base import Environment
+from infra.bus import Bus, Record
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import CriticFeedback, TaskEvent, TaskSpec
@@ -164,7 +164,7 @@ def choose(text: str, count: int) -> int:
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
     cfg = config.env_model
-    env = get_environment(config.scheduler.domain)
+    envs: dict[str, Environment] = {}  # per domain: a variant is of its parent's domain
     pool = TaskPool()
     backend: Any = None
     if cfg.kind == "llm":
@@ -192,6 +192,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 await bus.metric("env_model/ineligible", 1.0, kind=event.kind)
                 return
             # --- propose (oracle checks can run model-written code: off the event loop) ---
+            env = envs.get(parent.domain) or envs.setdefault(parent.domain, get_environment(parent.domain))
             rng = random.Random(f"{config.seed}:{event.event_id}")
             want = cfg.llm_candidates if backend is not None else 1
             found, refused = await anyio.to_thread.run_sync(
@@ -215,6 +216,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     )
                 )
                 pick = choose(out[0][0].text, len(found))
+                await bus.metric("env_model/llm_choice", float(pick), kind=event.kind)
             variant = found[pick]
             # --- publish (and remember at once, so the next event sees the pending child) ---
             await bus.send(topics.TASKS, variant, key=variant.task_id)

@@ -16,7 +16,7 @@ from consumers.env_model import TaskPool, candidates, choose, solvable
 from envs import get_environment
 from infra.bus import Bus
 from schemas import topics
-from schemas.config import RunConfig
+from schemas.config import EnvModelConfig, ModelConfig, RunConfig
 from schemas.events import TaskEvent, TaskSpec
 
 ENV = get_environment("household")
@@ -121,4 +121,33 @@ async def test_harder_event_becomes_a_pending_variant_and_ineligible_tasks_are_i
         assert variant.parent_accuracy == 0.875
         assert variant.signature not in {parent.signature, busy.signature, busy_child.signature}
         assert variants_of(tasks, busy.task_id) == [busy_child]
+        shutdown.set()
+
+
+@pytest.mark.timeout(120)
+async def test_llm_env_model_picks_among_rule_candidates(kafka_config: Any, tmp_path: Any) -> None:
+    parent = household_task(21, difficulty=2)  # has three distinct easier variants
+    config = RunConfig(
+        workdir=str(tmp_path),
+        kafka=kafka_config,
+        env_model=EnvModelConfig(kind="llm", llm_candidates=3),
+        policy_model=ModelConfig(bootstrap_sft_seconds=5, max_new_tokens=8),
+    )
+    shutdown = anyio.Event()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        await bus.send(topics.TASKS, parent, key=parent.task_id)
+        tg.start_soon(functools.partial(env_model.run, config, shutdown=shutdown))
+        ev = event(parent, "easier", 0.0, "ev-llm")
+        await bus.send(topics.TASK_EVENTS, ev, key=ev.task_id)
+        tasks = await wait_records(  # includes building the tiny policy preset
+            bus, topics.TASKS, lambda v: any(t.parent_id == parent.task_id for t in v), timeout=100
+        )
+        (variant,) = [t for t in tasks if t.parent_id == parent.task_id]
+        assert variant.status == "pending" and variant.direction == "easier"
+        assert variant.signature != parent.signature and solvable(ENV, variant)
+        metrics = await wait_records(
+            bus, topics.METRICS, lambda v: any(m.name == "env_model/llm_choice" for m in v)
+        )
+        (choice,) = [m.value for m in metrics if m.name == "env_model/llm_choice"]
+        assert choice in (0.0, 1.0, 2.0)
         shutdown.set()
