@@ -1,0 +1,75 @@
+"""`forgestream up`: the main job on one machine (see infra/up.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra.cli import BootstrapOpt, ConfigOpt, app, build_config, fail
+
+
+@app.command()
+def up(
+    config: ConfigOpt = None,
+    workdir: Annotated[
+        Path, typer.Option(help="Run folder: broker data, models, weights, checkpoints, logs, report.")
+    ] = Path(".work/run"),
+    ephemeral: Annotated[bool, typer.Option(help="Broker in memory (nothing survives the run).")] = False,
+    bootstrap: BootstrapOpt = None,
+    minutes: Annotated[float | None, typer.Option(min=0.05, help="Stop after this many minutes.")] = None,
+    updates: Annotated[int | None, typer.Option(min=1, help="Stop after this many policy versions.")] = None,
+    domain: Annotated[str | None, typer.Option(help="household, arith or code.")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Policy model preset: tiny, smollm2-135m, hf:PATH.")
+    ] = None,
+    reward_preset: Annotated[
+        str | None, typer.Option(help="Reward-model preset (defaults to the config's).")
+    ] = None,
+    actors: Annotated[int, typer.Option(min=1, max=64, help="Actor processes to start.")] = 1,
+    live: Annotated[
+        bool | None, typer.Option(help="Live table (default: when stdout is a terminal).")
+    ] = None,
+) -> None:
+    """Broker, topics, models and every role on this machine, with live progress."""
+    import sys
+
+    import anyio
+
+    from infra.broker import BrokerError
+    from infra.cli import require_broker
+    from infra.up import UpOptions, run_up
+
+    flags = {
+        "workdir": str(workdir),
+        "kafka.bootstrap": bootstrap,
+        "scheduler.domain": domain,
+        "policy_model.preset": preset,
+        "reward_model.preset": reward_preset,
+    }
+    cfg = build_config(config, flags)
+    if bootstrap is not None:
+        require_broker(cfg.kafka)
+    # Roles are separate processes: hand them the same overrides through the environment.
+    env = {
+        "FORGESTREAM_SCHEDULER__DOMAIN": cfg.scheduler.domain,
+        "FORGESTREAM_POLICY_MODEL__PRESET": cfg.policy_model.preset,
+        "FORGESTREAM_REWARD_MODEL__PRESET": cfg.reward_model.preset,
+    }
+    options = UpOptions(
+        config_path=str(config) if config else None,
+        bootstrap=bootstrap,
+        ephemeral=ephemeral,
+        minutes=minutes,
+        updates=updates,
+        actors=actors,
+        live=sys.stdout.isatty() if live is None else live,
+        env=env,
+    )
+    try:
+        code = anyio.run(run_up, cfg, options)
+    except BrokerError as e:
+        fail(str(e))
+    if code:
+        raise typer.Exit(code)

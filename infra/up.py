@@ -1,0 +1,274 @@
+"""`forgestream up`: the whole closed loop on one machine.
+
+Starts (or reuses, with `--bootstrap`) a broker, creates the topics, builds or loads the model
+presets once, then runs every role as its own `forgestream run ROLE` process — exactly what a
+multi-machine deployment runs — and shows live progress folded from the topics. Stops after
+`--minutes` or `--updates`, or on Ctrl-C: roles get SIGTERM (they drain, commit and leave their
+groups), then SIGKILL after a grace period. Running `up` again on the same workdir resumes: the
+durable broker keeps topics and group offsets, learners restore their checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+
+from schemas.config import RunConfig
+
+# Start order matters only for speed: consumers first so nothing waits on a rebalance for long.
+ROLE_ORDER = [
+    "forge",
+    "signals",
+    "env-model",
+    "policy-learner",
+    "reward-learner",
+    "judge",
+    "actor",
+    "scheduler",
+]
+
+
+@dataclass
+class RoleProcess:
+    role: str
+    index: int
+    log_path: Path
+    process: Process | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.role if self.index == 0 else f"{self.role}-{self.index}"
+
+
+@dataclass
+class UpOptions:
+    config_path: str | None
+    bootstrap: str | None
+    ephemeral: bool
+    minutes: float | None
+    updates: int | None
+    actors: int
+    live: bool
+    max_restarts: int = 3
+    grace_s: float = 20.0
+    env: dict[str, str] = field(default_factory=dict)  # config overrides handed to every role
+
+
+def role_command(role: str) -> list[str]:
+    return [sys.executable, "-m", "infra.cli", "run", role]
+
+
+async def _spawn(rp: RoleProcess, env: dict[str, str]) -> None:
+    rp.log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(rp.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+    log.write(f"\n=== {time.strftime('%H:%M:%S')} start {rp.name} (restart {rp.restarts})\n".encode())
+    log.flush()
+    rp.process = await anyio.open_process(
+        role_command(rp.role), stdout=log, stderr=log, env=env, start_new_session=True
+    )
+    rp.started_at = time.time()
+    log.close()
+
+
+async def _stop(procs: list[RoleProcess], grace_s: float) -> None:
+    """SIGTERM producers first (no new work), then the rest; SIGKILL whatever outlives the grace."""
+    for rp in sorted(procs, key=lambda p: -ROLE_ORDER.index(p.role)):
+        if rp.process is not None and rp.process.returncode is None:
+            try:
+                os.killpg(rp.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    with anyio.move_on_after(grace_s):
+        for rp in procs:
+            if rp.process is not None:
+                await rp.process.wait()
+    for rp in procs:
+        if rp.process is not None and rp.process.returncode is None:
+            try:
+                os.killpg(rp.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await rp.process.wait()
+
+
+def _render(progress: Any, procs: list[RoleProcess], elapsed: float) -> Any:
+    from rich.table import Table
+
+    snap = progress.snapshot()
+    table = Table(title=f"forgestream up — {elapsed / 60:.1f} min", show_header=False, min_width=60)
+    table.add_column("figure", style="bold")
+    table.add_column("value")
+    table.add_row("policy / reward version", f"{snap['policy_version']} / {snap['reward_version']}")
+    table.add_row("success rate (rolling)", f"{snap['success_rate']:.2f}")
+    table.add_row("trajectories judged", f"{snap['trajectories']}  ({snap['trajectories_per_s']:.2f}/s)")
+    table.add_row("samples trained (policy)", str(snap["samples_trained"]))
+    table.add_row(
+        "tasks active / pending",
+        f"{snap['tasks_active']} / {snap['tasks_pending']}",
+    )
+    table.add_row(
+        "variants accepted / rejected", f"{snap['variants_accepted']} / {snap['variants_rejected']}"
+    )
+    table.add_row("staleness (mean versions)", f"{snap['staleness_mean']:.2f}")
+    table.add_row("dead letters", str(snap["dlq"]))
+    alive = sum(1 for rp in procs if rp.process is not None and rp.process.returncode is None)
+    table.add_row(
+        "role processes alive", f"{alive}/{len(procs)}  restarts {sum(rp.restarts for rp in procs)}"
+    )
+    return table
+
+
+async def run_up(config: RunConfig, options: UpOptions) -> int:
+    """Run the loop; returns the process exit code."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from infra.broker import Broker
+    from infra.bus import Bus
+    from infra.progress import PROGRESS_TOPICS, Progress
+    from infra.topics import create_topics
+
+    console = Console(stderr=False)
+    workdir = Path(config.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker: Broker | None = None
+    bootstrap = options.bootstrap
+    if bootstrap is None:
+        broker = Broker(durable=not options.ephemeral, data_dir=workdir / "broker")
+        await anyio.to_thread.run_sync(broker.start)
+        bootstrap = broker.bootstrap
+        console.print(f"broker: {'memory' if options.ephemeral else 'durable'} Tansu at {bootstrap}")
+    shutdown = anyio.Event()
+    exit_code = 0
+    try:
+        import msgspec
+
+        kafka = msgspec.structs.replace(config.kafka, bootstrap=bootstrap)
+        config = msgspec.structs.replace(config, kafka=kafka, workdir=str(workdir))
+        await create_topics(kafka)
+
+        # Build the presets once here, so role processes load them instead of racing to build.
+        from infra.models import prepare_preset
+
+        console.print("models: preparing policy and reward presets (cached after the first run)")
+        for role, model in (("policy", config.policy_model), ("reward", config.reward_model)):
+            path = await anyio.to_thread.run_sync(
+                lambda m=model, r=role: prepare_preset(m, role=r, workdir=workdir)
+            )
+            console.print(f"  {role}: {path}")
+
+        env = dict(os.environ)
+        env.update(options.env)
+        env.update(
+            {
+                "FORGESTREAM_KAFKA__BOOTSTRAP": bootstrap,
+                "FORGESTREAM_WORKDIR": str(workdir),
+                "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if options.config_path:
+            env["FORGESTREAM_CONFIG"] = str(Path(options.config_path).resolve())
+        procs: list[RoleProcess] = []
+        for role in ROLE_ORDER:
+            for i in range(options.actors if role == "actor" else 1):
+                procs.append(
+                    RoleProcess(role, i, workdir / "logs" / f"{role}{'' if i == 0 else f'-{i}'}.log")
+                )
+
+        progress = Progress()
+        deadline = time.time() + options.minutes * 60 if options.minutes else None
+        async with Bus(kafka, role="up") as bus, anyio.create_task_group() as tg:
+
+            async def follow(topic: str) -> None:
+                async for record in bus.follow_topic(topic, shutdown=shutdown):
+                    progress.apply(record.topic, record.value, record.timestamp_ms / 1000.0)
+
+            for topic in PROGRESS_TOPICS:
+                tg.start_soon(follow, topic)
+            for rp in procs:
+                await _spawn(rp, env)
+            console.print(f"roles: {len(procs)} processes, logs in {workdir / 'logs'}")
+
+            def on_signal(*_: Any) -> None:
+                shutdown.set()
+
+            signal.signal(signal.SIGINT, on_signal)
+            signal.signal(signal.SIGTERM, on_signal)
+            start = time.time()
+            start_version: int | None = None
+            last_line = 0.0
+            live = (
+                Live(_render(progress, procs, 0), console=console, refresh_per_second=2)
+                if options.live
+                else None
+            )
+            if live:
+                live.start()
+            try:
+                while not shutdown.is_set():
+                    await anyio.sleep(0.5)
+                    elapsed = time.time() - start
+                    if live:
+                        live.update(_render(progress, procs, elapsed))
+                    elif time.time() - last_line > 15:
+                        last_line = time.time()
+                        snap = progress.snapshot()
+                        console.print(
+                            f"[{elapsed / 60:5.1f} min] policy v{snap['policy_version']} reward v{snap['reward_version']} "
+                            f"success {snap['success_rate']:.2f} judged {snap['trajectories']} "
+                            f"trained {snap['samples_trained']} active {snap['tasks_active']} "
+                            f"pending {snap['tasks_pending']} acc/rej {snap['variants_accepted']}/"
+                            f"{snap['variants_rejected']} dlq {snap['dlq']}"
+                        )
+                    if start_version is None and progress.versions:
+                        start_version = progress.versions.get("policy", 0)
+                    if deadline and time.time() >= deadline:
+                        break
+                    if options.updates is not None and start_version is not None:
+                        if progress.versions.get("policy", 0) - start_version >= options.updates:
+                            break
+                    for rp in procs:  # supervise: a crashed role is restarted, a crash loop ends the run
+                        if rp.process is not None and rp.process.returncode not in (None, 0):
+                            console.print(
+                                f"role {rp.name} exited with {rp.process.returncode}; see {rp.log_path}"
+                            )
+                            if rp.restarts >= options.max_restarts:
+                                exit_code = 1
+                                shutdown.set()
+                                break
+                            rp.restarts += 1
+                            await _spawn(rp, env)
+            finally:
+                if live:
+                    live.stop()
+                console.print("stopping roles (SIGTERM, then SIGKILL after the grace period)")
+                with anyio.CancelScope(shield=True):
+                    await _stop(procs, options.grace_s)
+                shutdown.set()
+                tg.cancel_scope.cancel()
+
+        from infra.report import write_report
+
+        index = write_report(progress, workdir / "report", title=f"forgestream run — {workdir.name}")
+        snap = progress.snapshot()
+        console.print(
+            f"done: policy v{snap['policy_version']}, reward v{snap['reward_version']}, "
+            f"{snap['trajectories']} trajectories judged, success {snap['success_rate']:.2f}"
+        )
+        console.print(f"report: {index}")
+        return exit_code
+    finally:
+        if broker is not None:
+            await anyio.to_thread.run_sync(broker.stop)
