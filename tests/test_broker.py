@@ -1,0 +1,182 @@
+"""Embedded broker: start/stop without orphans, clear errors, durable mode survives kill -9, CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from infra.broker import Broker, BrokerError, free_port, metadata_ok
+from infra.bus import Bus, Record
+from infra.topics import create_topics, list_topics
+from schemas import events as ev
+from schemas import topics as T
+from schemas.config import KafkaConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "infra.cli"]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie is gone for our purposes (its parent has not reaped it yet)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def wait_until(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_start_stop_leaves_no_process() -> None:
+    with Broker() as b:
+        assert metadata_ok(b.host, b.port)
+        pids = b.pids
+        assert set(pids) == {"tansu"}
+    assert all(gone(p) for p in pids.values())
+    assert not metadata_ok(b.host, b.port, timeout_s=0.3)
+
+
+def test_port_taken_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(BrokerError, match=f"port {port} .* already in use"):
+            Broker(port=port).start()
+
+
+def test_missing_binaries_are_clear_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FORGESTREAM_TANSU", str(tmp_path / "no-tansu"))
+    with pytest.raises(BrokerError, match="FORGESTREAM_TANSU.*not an executable"):
+        Broker().start()
+    monkeypatch.delenv("FORGESTREAM_TANSU")
+    monkeypatch.setenv("FORGESTREAM_S3RVER", str(tmp_path / "no-s3rver"))
+    with pytest.raises(BrokerError, match="FORGESTREAM_S3RVER.*does not exist"):
+        Broker(durable=True, data_dir=tmp_path / "data").start()
+
+
+def test_broker_dies_with_its_parent() -> None:
+    """kill -9 of the process that started the broker must not leave an orphan broker."""
+    code = (
+        "from infra.broker import Broker; b = Broker().start(); print(b.pids['tansu'], flush=True); input()"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        tansu_pid = int(parent.stdout.readline())
+        assert not gone(tansu_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        wait_until(lambda: gone(tansu_pid), 5, "the orphaned broker to die")
+    finally:
+        parent.kill()
+
+
+def request(i: int) -> ev.RolloutRequest:
+    spec = ev.TaskSpec(task_id=f"t{i}", domain="code", difficulty=0, params={}, seed=i)
+    return ev.RolloutRequest(request_id=f"r{i}", task=spec, n=4)
+
+
+async def test_durable_mode_survives_kill_9_of_broker_and_store(tmp_path: Path) -> None:
+    port = free_port()
+    kafka = KafkaConfig(bootstrap=f"127.0.0.1:{port}", session_timeout_s=6.0, heartbeat_interval_s=0.5)
+    handled: list[str] = []
+
+    async def consume(bus: Bus, count: int) -> None:
+        done = anyio.Event()
+        target = len(handled) + count
+
+        async def handler(record: Record[ev.RolloutRequest]) -> None:
+            handled.append(record.value.request_id)
+            if len(handled) >= target:
+                done.set()
+
+        with anyio.fail_after(30):
+            await bus.consume([T.ROLLOUT_REQUESTS], group="durable", handler=handler, shutdown=done)
+
+    broker = Broker(port=port, durable=True, data_dir=tmp_path).start()
+    try:
+        assert set(broker.pids) == {"tansu", "s3rver"}
+        await create_topics(kafka)
+        async with Bus(kafka, role="test") as bus:
+            await bus.send_many(T.ROLLOUT_REQUESTS, [(f"k{i % 4}", request(i)) for i in range(40)])
+            await consume(bus, 15)  # commits what it handled, on shutdown
+        broker.kill()  # SIGKILL broker and s3rver, no grace
+        broker = Broker(port=port, durable=True, data_dir=tmp_path).start()
+        assert T.ROLLOUT_REQUESTS in await list_topics(kafka)
+        async with Bus(kafka, role="test") as bus:
+            everything = await bus.read_topic(T.ROLLOUT_REQUESTS)
+            assert sorted(r.value.request_id for r in everything) == sorted(f"r{i}" for i in range(40))
+            await consume(bus, 40 - 15)  # the group resumes at its commit
+        assert sorted(handled) == sorted(f"r{i}" for i in range(40))  # nothing lost, nothing twice
+    finally:
+        broker.stop()
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_broker_runs_in_foreground_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI, "broker", "--port", str(port), "--data", str(tmp_path)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: metadata_ok("127.0.0.1", port, timeout_s=0.3), 20, "the CLI broker")
+        taken = run_cli("broker", "--port", str(port))
+        assert taken.returncode == 2 and "already in use" in taken.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        proc.kill()
+    assert not metadata_ok("127.0.0.1", port, timeout_s=0.3)
+
+
+def test_cli_topics_and_fail_fast(broker: Any) -> None:
+    prefix = f"cli{os.getpid()}."
+    created = run_cli("topics", "create", "--bootstrap", broker.bootstrap, "--topic-prefix", prefix)
+    assert created.returncode == 0, created.stderr
+    assert "created 10 topic(s)" in created.stdout
+    again = run_cli("topics", "create", "--bootstrap", broker.bootstrap, "--topic-prefix", prefix)
+    assert "created 0 topic(s)" in again.stdout
+    listed = run_cli("topics", "list", "--bootstrap", broker.bootstrap, "--topic-prefix", prefix)
+    assert listed.stdout.split() == [prefix + name for name in T.TOPICS]
+
+    unreachable = run_cli("run", "judge", "--bootstrap", f"127.0.0.1:{free_port()}")
+    assert unreachable.returncode == 2
+    assert unreachable.stderr.strip().count("\n") == 0 and "no Kafka broker reachable" in unreachable.stderr
+    bad = run_cli("run", "judge", "--bootstrap", broker.bootstrap, "--config", "/nonexistent.toml")
+    assert bad.returncode == 2 and "/nonexistent.toml does not exist" in bad.stderr
+    unknown = run_cli("run", "oracle")
+    assert unknown.returncode == 2 and "unknown role 'oracle'" in unknown.stderr
+
+
+def test_cli_help_is_fast_and_does_not_import_torch() -> None:
+    code = "import sys; sys.argv=['forgestream','--help']; import infra.cli as c\ntry: c.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules, 'aiokafka' in sys.modules)"
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "False False"
+    assert time.monotonic() - started < 10
