@@ -89,17 +89,30 @@ def code_prompts(env: Environment, trajectory: Trajectory) -> list[str]:
     return [env.unit_test_prompt(trajectory.task, step.response) for step in trajectory.steps]  # type: ignore[attr-defined]
 
 
-def code_judgement(
-    env: Environment, trajectory: Trajectory, step_response: str, completion: Any
-) -> Judgement:
-    """Verdict and CURE score of one reward-model generation of unit tests."""
-    tests = env.parse_unit_tests(completion.text)  # type: ignore[attr-defined]
-    valid = [env.test_is_correct(trajectory.task, t) for t in tests]  # type: ignore[attr-defined]
-    passes = [[env.program_passes(trajectory.task, step_response, t)] for t in tests]  # type: ignore[attr-defined]
-    checked = [row[0] for row, ok in zip(passes, valid, strict=True) if ok]
-    verdict = 0 if not checked else (1 if all(checked) else -1)
-    score = sum(cure_test_raw(valid, passes, [trajectory.outcome == 1])) if tests else 0.0
-    return judgement(completion, verdict, float(score))
+def code_judgements(
+    env: Environment, trajectory: Trajectory, step_response: str, samples: list[Any]
+) -> list[Judgement]:
+    """Verdict and CURE score of each reward-model generation of unit tests for one step; a test
+    written twice is run once (tests run in the sandbox)."""
+    task = trajectory.task
+    checked: dict[tuple[str, str], tuple[bool, bool]] = {}  # test -> (correct, policy program passes)
+
+    def check(test: tuple[str, str]) -> tuple[bool, bool]:
+        if test not in checked:
+            checked[test] = (env.test_is_correct(task, test), env.program_passes(task, step_response, test))  # type: ignore[attr-defined]
+        return checked[test]
+
+    out = []
+    for completion in samples:
+        tests = [tuple(t) for t in env.parse_unit_tests(completion.text)]  # type: ignore[attr-defined]
+        results = [check(t) for t in tests]
+        valid = [correct for correct, _ in results]
+        passes_valid = [passes for correct, passes in results if correct]
+        verdict = 0 if not passes_valid else (1 if all(passes_valid) else -1)
+        passes = [[passes] for _, passes in results]
+        score = sum(cure_test_raw(valid, passes, [trajectory.outcome == 1])) if tests else 0.0
+        out.append(judgement(completion, verdict, float(score)))
+    return out
 
 
 def judge_steps(
@@ -109,7 +122,7 @@ def judge_steps(
     out = []
     for step, samples in zip(trajectory.steps, completions, strict=True):
         if code:
-            judgements = [code_judgement(env, trajectory, step.response, c) for c in samples]
+            judgements = code_judgements(env, trajectory, step.response, samples)
         else:
             judgements = [judgement(c, parse_verdict(c.text)) for c in samples]
         out.append(StepJudgement(step_index=step.index, judgements=judgements))

@@ -12,9 +12,10 @@ import anyio
 import pytest
 
 from consumers import judge
-from consumers.judge import step_contexts
+from consumers.judge import judge_steps, step_contexts
 from envs import get_environment
 from infra.bus import Bus
+from infra.models.types import Completion
 from schemas import topics
 from schemas.config import JudgeConfig, ModelConfig, RunConfig
 from schemas.events import JudgedTrajectory, Step, Trajectory
@@ -63,6 +64,53 @@ def test_contexts_come_from_replaying_the_episode() -> None:
         assert contexts[i] == episode.judge_context(i)
         episode.step(step.response)
     assert "Previous actions: none" in contexts[0]
+
+
+def unit_tests(*tests: tuple[str, str]) -> Completion:
+    text = "".join(f"**Test Input:**\n```\n{i}\n```\n**Test Output:**\n```\n{o}\n```\n" for i, o in tests)
+    return Completion(
+        text=text or "no tests here",
+        token_ids=[5, 6],
+        logprobs=[-0.1, -0.2],
+        prompt_token_ids=[1],
+        finish_reason="stop",
+        version=0,
+    )
+
+
+def test_code_domain_scores_the_reward_models_unit_tests() -> None:
+    env = get_environment("code")
+    task = env.sample_task(0, random.Random(1))
+    assert task.params["template"] == "count_vowels"  # reference: vowels in s.lower()
+    wrong = "```python\ndef count_vowels(s):\n    return len([c for c in s if c != ' '])\n```"
+    episode = env.reset(task)
+    result = episode.step(wrong)
+    assert episode.outcome == -1
+    step = Step(
+        index=0,
+        prompt="p",
+        response=wrong,
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        behaviour_logprobs=[-1.0],
+        policy_version=0,
+        observation=result.observation,
+    )
+    trajectory = Trajectory(
+        request_id="c", rollout_index=0, group_size=1, task=task, steps=[step], outcome=-1
+    )
+    samples = [
+        # correct test the wrong program fails: verdict -1; CURE +1 (it catches the bug)
+        unit_tests(("'xyz'", "0")),
+        # correct test it passes (0) + incorrect test ('ab' has 1 vowel) it passes (-1): verdict +1, score -1
+        unit_tests(("'AE'", "2"), ("'ab'", "2")),
+        # no test: verdict 0, score 0
+        unit_tests(),
+    ]
+    (judged,) = judge_steps(env, trajectory, [samples])
+    assert judged.verdicts == [-1, 1, 0]
+    assert [j.score for j in judged.judgements] == [1.0, -1.0, 0.0]
+    assert judged.judgements[0].response_token_ids == [5, 6]
 
 
 # --- run() against the broker --------------------------------------------------------------------
