@@ -153,5 +153,5 @@ async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, tmp_path: Path
                     assert j.verdict in (1, -1, 0)
                     assert len(j.behaviour_logprobs) == len(j.response_token_ids) >= 1
                     assert all(lp <= 0.0 for lp in j.behaviour_logprobs)
-                    assert j.prompt_token_ids and j.text
+                    assert j.prompt_token_ids and isinstance(j.text, str)  # may be empty (eos first)
         shutdown.set()
