@@ -1,0 +1,176 @@
+"""forge: harder event with critic feedback, variant acceptance, table restored after a restart."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from consumers import forge
+from infra.bus import Bus
+from schemas import topics
+from schemas.config import ForgeConfig, RunConfig
+from schemas.events import (
+    JudgedTrajectory,
+    Judgement,
+    Step,
+    StepJudgement,
+    TaskEvent,
+    TaskSpec,
+    Trajectory,
+)
+
+PARENT = TaskSpec(task_id="p", domain="arith", difficulty=0, params={}, seed=1)
+VARIANT = TaskSpec(
+    task_id="v",
+    domain="arith",
+    difficulty=1,
+    params={},
+    seed=2,
+    status="pending",
+    parent_id="p",
+    direction="harder",
+    parent_accuracy=0.875,
+    generation=1,
+)
+
+
+def rollout(
+    task: TaskSpec, request_id: str, index: int, outcome: int, verdicts: list[list[int]]
+) -> JudgedTrajectory:
+    steps = [
+        Step(
+            index=k,
+            prompt="p",
+            response=f"action {index}.{k}",
+            prompt_token_ids=[1],
+            response_token_ids=[2],
+            behaviour_logprobs=[-0.1],
+            policy_version=0,
+        )
+        for k in range(len(verdicts))
+    ]
+    judgements = [
+        StepJudgement(
+            step_index=k,
+            judgements=[
+                Judgement(verdict=v, prompt_token_ids=[1], response_token_ids=[2], behaviour_logprobs=[-0.1])
+                for v in vs
+            ],
+        )
+        for k, vs in enumerate(verdicts)
+    ]
+    trajectory = Trajectory(
+        request_id=request_id, rollout_index=index, group_size=8, task=task, steps=steps, outcome=outcome
+    )
+    return JudgedTrajectory(trajectory=trajectory, steps=judgements, reward_version=0)
+
+
+def group(task: TaskSpec, request_id: str, successes: int) -> list[JudgedTrajectory]:
+    """8 rollouts; the failed ones have step 1 judged -1 by every verdict (a high-risk step)."""
+    return [
+        rollout(
+            task,
+            request_id,
+            i,
+            1 if i < successes else -1,
+            [[1, 1], [1, 1]] if i < successes else [[1, -1], [-1, -1]],
+        )
+        for i in range(8)
+    ]
+
+
+def test_decide_rules() -> None:
+    cfg = ForgeConfig()
+    window = forge.empty_window()
+    window["rollouts"] = [forge.window_entry(j) for j in group(PARENT, "r", 7)]
+    harder = forge.decide(PARENT, window, {"p": PARENT}, cfg, now=1000.0)
+    assert harder.event is not None and harder.event.kind == "harder" and harder.event.accuracy == 0.875
+    assert harder.event.critic.high_risk_steps == [[1]] and harder.event.critic.failed_actions == [
+        "action 7.1"
+    ]
+    assert (
+        forge.decide(PARENT, window, {"p": PARENT, "v": VARIANT}, cfg, now=1000.0).event is None
+    )  # pending child
+    window["last_event_at"] = 990.0
+    assert forge.decide(PARENT, window, {"p": PARENT}, cfg, now=1000.0).event is None  # cooldown
+    window = forge.empty_window()
+    window["rollouts"] = [forge.window_entry(j) for j in group(VARIANT, "r", 8)]  # acc 1.0 >= acc_prev
+    rejected = forge.decide(VARIANT, window, {"p": PARENT, "v": VARIANT}, cfg, now=0.0)
+    assert rejected.event is not None and rejected.event.kind == "rejected"
+    assert [(t.task_id, t.status, t.version) for t in rejected.updates] == [("v", "retired", 1)]
+
+
+async def wait_for(
+    bus: Bus, topic: str, predicate: Callable[[list[Any]], bool], timeout_s: float = 45.0
+) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = [r.value for r in await bus.read_topic(topic, latest_per_key=False)]
+        if predicate(values):
+            return values
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting on {topic}: {values}")
+        await anyio.sleep(0.3)
+
+
+async def send_all(bus: Bus, values: list[JudgedTrajectory]) -> None:
+    for value in values:
+        await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
+
+
+def kinds(events: list[TaskEvent]) -> list[tuple[str, str]]:
+    return [(e.task_id, e.kind) for e in events]
+
+
+@pytest.mark.timeout(120)
+async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> None:
+    config = RunConfig(kafka=kafka_config, forge=ForgeConfig(partitions=2, event_cooldown_s=0.0))
+    other = TaskSpec(task_id="q", domain="arith", difficulty=0, params={}, seed=3)
+    async with Bus(kafka_config, role="test") as bus:
+        await bus.send(topics.TASKS, PARENT, key="p")
+        await bus.send(topics.TASKS, other, key="q")
+        async with forge.running(config) as app:
+            # --- 7 of 8 succeed: harder, with the failed rollout's high-risk step ---
+            await send_all(bus, group(PARENT, "r1", 7))
+            await send_all(bus, group(PARENT, "r1", 7)[:2])  # redelivered: not counted again
+            events = await wait_for(bus, topics.TASK_EVENTS, lambda v: ("p", "harder") in kinds(v))
+            [harder] = events
+            assert (harder.accuracy, harder.rollouts, harder.critic.high_risk_steps) == (0.875, 8, [[1]])
+
+            # --- the env model's pending variant reaches 4/8 < 0.875: accepted, parent retired ---
+            await bus.send(topics.TASKS, VARIANT, key="v")
+            await send_all(bus, group(VARIANT, "r2", 4))
+            events = await wait_for(bus, topics.TASK_EVENTS, lambda v: ("v", "accepted") in kinds(v))
+            tasks = {r.value.task_id: r.value for r in await bus.read_topic(topics.TASKS)}
+            assert (tasks["v"].status, tasks["v"].version, tasks["p"].status, tasks["p"].version) == (
+                "active",
+                1,
+                "retired",
+                1,
+            )
+            assert msgspec.structs.replace(tasks["v"], status="pending", version=0, created_at=0.0) == (
+                msgspec.structs.replace(VARIANT, created_at=0.0)
+            )
+
+            # --- half a window of q, then a restart ---
+            await send_all(bus, group(other, "r3", 1)[:3])
+            deadline = time.monotonic() + 30
+            while len((app.table.get("q") or forge.empty_window())["rollouts"]) < 3:
+                assert time.monotonic() < deadline, "forge never saw q's rollouts"
+                await anyio.sleep(0.2)
+
+        # --- run() as the CLI does: the restored window + 5 new rollouts (1/8 succeed): easier ---
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: forge.run(config, shutdown=shutdown))
+            await send_all(bus, group(other, "r3", 1)[3:])
+            events = await wait_for(bus, topics.TASK_EVENTS, lambda v: ("q", "easier") in kinds(v))
+            shutdown.set()
+        easier = next(e for e in events if e.kind == "easier")
+        assert (easier.accuracy, easier.rollouts, len(easier.critic.high_risk_steps)) == (0.125, 8, 7)
+        assert kinds(events).count(("p", "harder")) == 1
