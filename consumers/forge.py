@@ -266,6 +266,9 @@ class Forge:
 async def running(config: RunConfig) -> AsyncIterator[Forge]:
     """Start the forge app in this event loop; stop it (flushing its changelog) on exit."""
     stop_follower = anyio.Event()
+    if not log.isEnabledFor(logging.DEBUG):  # faust/mode narrate every service start at INFO
+        for name in ("faust", "mode"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     async with Bus(config.kafka, role="forge") as bus, anyio.create_task_group() as tg:
         forge = Forge(config, bus)
         for record in await bus.read_topic(TASKS):  # know every task before the first decision

@@ -242,3 +242,25 @@ async def test_signals_role_end_to_end(kafka_config: Any) -> None:
         policy = [r.value for r in await bus.read_topic(topics.SAMPLES_POLICY)]
         assert "D" not in {b.request_id for b in policy}
         shutdown.set()
+
+
+# --- archive sink (consumers/archive.py): judged trajectories -> JSONL in the workdir ---
+@pytest.mark.timeout(60)
+async def test_archive_writes_each_judged_trajectory_once(kafka_config: Any, tmp_path: Any) -> None:
+    from consumers import archive
+
+    config = RunConfig(kafka=kafka_config, workdir=str(tmp_path))
+    shutdown = anyio.Event()
+    a = group_a()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: archive.run(config, shutdown=shutdown))
+        for value in [*a, a[0]]:  # one redelivery
+            await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
+        deadline = time.monotonic() + 30
+        while sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "archive").glob("*.jsonl")) < 3:
+            assert time.monotonic() < deadline, "archive wrote nothing"
+            await anyio.sleep(0.2)
+        shutdown.set()
+    items = list(archive.read_archive(tmp_path / "archive"))
+    assert sorted(i["trajectory"]["rollout_index"] for i in items) == [0, 1, 2]
+    assert items[0]["steps"][0]["judgements"][0]["verdict"] in (1, -1, 0) and "_offset" in items[0]
