@@ -126,8 +126,8 @@ class TaskView:
 
     def update(self, spec: TaskSpec) -> bool:
         current = self.tasks.get(spec.task_id)
-        if current is not None and current.version > spec.version:
-            return False
+        if current is not None and (current.version > spec.version or current == spec):
+            return False  # older, or a replay of what we know
         self.tasks[spec.task_id] = spec
         return True
 

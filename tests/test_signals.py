@@ -10,7 +10,7 @@ import anyio
 import pytest
 from aiokafka.partitioner import murmur2
 
-from consumers import signals
+from consumers import archive, signals
 from infra.bus import Bus, Record
 from schemas import topics
 from schemas.config import RunConfig, SignalsConfig
@@ -247,8 +247,6 @@ async def test_signals_role_end_to_end(kafka_config: Any) -> None:
 # --- archive sink (consumers/archive.py): judged trajectories -> JSONL in the workdir ---
 @pytest.mark.timeout(60)
 async def test_archive_writes_each_judged_trajectory_once(kafka_config: Any, tmp_path: Any) -> None:
-    from consumers import archive
-
     config = RunConfig(kafka=kafka_config, workdir=str(tmp_path))
     shutdown = anyio.Event()
     a = group_a()
