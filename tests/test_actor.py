@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,13 @@ def record(partition: int, offset: int) -> Record[Any]:
     return Record(
         topic="t", partition=partition, offset=offset, key=None, value=None, timestamp_ms=0, headers={}
     )
+
+
+@pytest.fixture
+def model_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tiny presets built once per test session (unless FORGESTREAM_HOME already points at a cache)."""
+    if not os.environ.get("FORGESTREAM_HOME"):
+        monkeypatch.setenv("FORGESTREAM_HOME", str(tmp_path_factory.getbasetemp() / "forgestream-home"))
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -82,7 +90,7 @@ def publish_policy(workdir: Path, version: int) -> Any:
 
 @pytest.mark.timeout(120)
 async def test_actor_turns_requests_into_trajectories_and_picks_up_new_policy(
-    kafka_config: Any, tmp_path: Path
+    kafka_config: Any, model_home: None, tmp_path: Path
 ) -> None:
     config = RunConfig(
         workdir=str(tmp_path),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,13 @@ def event(task: TaskSpec, kind: str, accuracy: float, event_id: str) -> TaskEven
         accuracy=accuracy,
         rollouts=8,
     )  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def model_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tiny presets built once per test session (unless FORGESTREAM_HOME already points at a cache)."""
+    if not os.environ.get("FORGESTREAM_HOME"):
+        monkeypatch.setenv("FORGESTREAM_HOME", str(tmp_path_factory.getbasetemp() / "forgestream-home"))
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -125,7 +133,9 @@ async def test_harder_event_becomes_a_pending_variant_and_ineligible_tasks_are_i
 
 
 @pytest.mark.timeout(120)
-async def test_llm_env_model_picks_among_rule_candidates(kafka_config: Any, tmp_path: Any) -> None:
+async def test_llm_env_model_picks_among_rule_candidates(
+    kafka_config: Any, model_home: None, tmp_path: Any
+) -> None:
     parent = household_task(21, difficulty=2)  # has three distinct easier variants
     config = RunConfig(
         workdir=str(tmp_path),

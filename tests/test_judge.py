@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,13 @@ from schemas.events import JudgedTrajectory, Step, Trajectory
 
 REWARD = ModelConfig(bootstrap_sft_seconds=5, max_new_tokens=16)
 ENV = get_environment("household")
+
+
+@pytest.fixture
+def model_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tiny presets built once per test session (unless FORGESTREAM_HOME already points at a cache)."""
+    if not os.environ.get("FORGESTREAM_HOME"):
+        monkeypatch.setenv("FORGESTREAM_HOME", str(tmp_path_factory.getbasetemp() / "forgestream-home"))
 
 
 def oracle_trajectory(seed: int, request_id: str, index: int = 0) -> Trajectory:
@@ -126,7 +134,7 @@ async def wait_records(
 
 
 @pytest.mark.timeout(120)
-async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, tmp_path: Path) -> None:
+async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, model_home: None, tmp_path: Path) -> None:
     m = 3
     config = RunConfig(
         workdir=str(tmp_path),
