@@ -262,3 +262,26 @@ async def test_archive_writes_each_judged_trajectory_once(kafka_config: Any, tmp
     items = list(archive.read_archive(tmp_path / "archive"))
     assert sorted(i["trajectory"]["rollout_index"] for i in items) == [0, 1, 2]
     assert items[0]["steps"][0]["judgements"][0]["verdict"] in (1, -1, 0) and "_offset" in items[0]
+
+
+@pytest.mark.timeout(90)
+async def test_signals_restart_rebuilds_an_open_group_from_the_watermark(kafka_config: Any) -> None:
+    config = RunConfig(kafka=kafka_config, signals=SignalsConfig(group_timeout_s=60.0))
+    probe_id = same_partition_key("B", "A", topics.TOPICS[topics.JUDGED].partitions)
+    a = group_a()
+    async with Bus(kafka_config, role="test") as bus:
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: signals.run(config, shutdown=shutdown))
+            for value in [a[0], a[1], *group_b(probe_id)]:  # A open, then a whole group behind it
+                await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
+            await wait_for(bus, topics.SAMPLES_POLICY, lambda v: probe_id in {b.request_id for b in v})
+            shutdown.set()  # A's first offset is the committed watermark: its 2 rollouts are not lost
+
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: signals.run(config, shutdown=shutdown))
+            await bus.send(topics.JUDGED, a[2], key="A")
+            policy = await wait_for(bus, topics.SAMPLES_POLICY, lambda v: "A" in {b.request_id for b in v})
+            shutdown.set()
+    assert keyed([b for b in policy if b.request_id == "A"]) == A_POLICY
