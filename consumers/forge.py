@@ -195,7 +195,7 @@ class Forge:
     def _task_key(raw: bytes) -> str:
         try:
             return codec.decode(raw, JudgedTrajectory).trajectory.task.task_id
-        except codec.DecodeError:
+        except (*codec.DecodeError, TypeError):  # TypeError: a null value
             return ""  # dead-lettered by the agent after the repartition
 
     async def _agent(self, stream: Any) -> None:
@@ -203,7 +203,7 @@ class Forge:
         async for raw in by_task:
             try:
                 judged = codec.decode(raw, JudgedTrajectory)
-            except codec.DecodeError as e:
+            except (*codec.DecodeError, TypeError) as e:
                 letter = DeadLetter(
                     source_topic=self.bus.names.of(JUDGED),
                     partition=0,

@@ -135,6 +135,7 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
         await bus.send(topics.TASKS, PARENT, key="p")
         await bus.send(topics.TASKS, other, key="q")
         async with forge.running(config) as app:
+            await bus.producer.send_and_wait(bus.names.of(topics.JUDGED), b"\xc1 not msgpack", key=b"junk")
             # --- 7 of 8 succeed: harder, with the failed rollout's high-risk step ---
             await send_all(bus, group(PARENT, "r1", 7))
             await send_all(bus, group(PARENT, "r1", 7)[:2])  # redelivered: not counted again
@@ -156,6 +157,9 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
             assert msgspec.structs.replace(tasks["v"], status="pending", version=0, created_at=0.0) == (
                 msgspec.structs.replace(VARIANT, created_at=0.0)
             )
+
+            letters = await wait_for(bus, topics.DLQ, lambda v: len(v) >= 1)
+            assert letters[0].value == b"\xc1 not msgpack" and letters[0].error.startswith("decode")
 
             # --- half a window of q, then a restart ---
             await send_all(bus, group(other, "r3", 1)[:3])

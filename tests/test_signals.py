@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from aiokafka.partitioner import murmur2
 
@@ -109,6 +110,31 @@ def test_build_samples_matches_hand_computed_numbers() -> None:
     assert (first.prompt_token_ids, first.response_token_ids, first.policy_version) == ([2, 0], [102, 100], 3)
     rm = next(s for s in reward.samples if s.sample_key == "A/2/0/1")
     assert (rm.prompt_token_ids, rm.reward_version) == ([2, 0, 1], 2)
+
+
+def test_code_domain_scores_replace_consistency_rewards() -> None:
+    """Judgement.score (CURE score of a judge-written unit test) is the raw reward, z-scored over m."""
+    group = signals.Group("A", TASK, 3, opened_at=0.0)
+    rollouts = []
+    for j in group_a():
+        steps = [
+            msgspec.structs.replace(
+                s,
+                judgements=[
+                    msgspec.structs.replace(x, score=float(3 * i)) for i, x in enumerate(s.judgements)
+                ],
+            )
+            for s in j.steps
+        ]
+        rollouts.append(msgspec.structs.replace(j, steps=steps))
+    group.rollouts = {j.trajectory.rollout_index: j for j in rollouts}
+    _, reward, _ = signals.build_samples(group, SignalsConfig())
+    # every step: scores [0, 3] -> mean 1.5, std 1.5 -> advantages [-1, +1], whatever R and the verdicts
+    assert len(reward.samples) == 2 * 6
+    assert {(s.sample_key[-1], s.reward, s.advantage) for s in reward.samples} == {
+        ("0", 0.0, -1.0),
+        ("1", 3.0, 1.0),
+    }
 
 
 def _record(value: JudgedTrajectory, offset: int, partition: int = 0) -> Record[JudgedTrajectory]:
