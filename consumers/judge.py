@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             f"judge.temperature ({cfg.temperature}) must equal reward_model.temperature ({model.temperature})"
         )
     workdir = Path(config.workdir)
-    judge_id = f"judge-{socket.gethostname()}-{os.getpid()}"
+    judge_id = f"judge-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="reward", workdir=workdir))
     store = WeightStore(
         config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last

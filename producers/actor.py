@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     torch.set_num_threads(config.policy_model.torch_threads)
     cfg, model = config.actor, config.policy_model
     workdir = Path(config.workdir)
-    actor_id = f"actor-{socket.gethostname()}-{os.getpid()}"
+    actor_id = f"actor-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="policy", workdir=workdir))
     store = WeightStore(
         config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
