@@ -188,7 +188,6 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
                 )
 
         progress = Progress()
-        deadline = time.time() + options.minutes * 60 if options.minutes else None
         async with Bus(kafka, role="up") as bus, anyio.create_task_group() as tg:
 
             async def follow(topic: str) -> None:
@@ -206,7 +205,8 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
 
             signal.signal(signal.SIGINT, on_signal)
             signal.signal(signal.SIGTERM, on_signal)
-            start = time.time()
+            start = time.time()  # the clock starts once the roles run, not while presets build
+            deadline = start + options.minutes * 60 if options.minutes else None
             start_version: int | None = None
             last_line = 0.0
             live = (
