@@ -37,17 +37,12 @@ from dataclasses import dataclass, field
 
 import anyio
 
-import algorithm
 from infra.bus import Bus, Record
+from infra.samples import build_samples
 from schemas.config import RunConfig, SignalsConfig
 from schemas.events import (
     JudgedTrajectory,
-    PolicySample,
-    PolicySampleBatch,
-    RewardSample,
-    RewardSampleBatch,
     TaskSpec,
-    finite,
 )
 from schemas.topics import JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
 
@@ -66,6 +61,9 @@ class Group:
     rollouts: dict[int, JudgedTrajectory] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) -> offset
     complete_at: float | None = None
+
+    def ordered(self) -> list[JudgedTrajectory]:
+        return [self.rollouts[i] for i in sorted(self.rollouts)]
 
     @property
     def complete(self) -> bool:
@@ -179,71 +177,13 @@ class Gatherer:
         return marks
 
 
-def build_samples(
-    group: Group, config: SignalsConfig
-) -> tuple[PolicySampleBatch, RewardSampleBatch, algorithm.GroupSignals]:
-    """Policy and reward-model sample batches of a group (pure)."""
-    judged = [group.rollouts[i] for i in sorted(group.rollouts)]
-    for j in judged:
-        if len(j.steps) != len(j.trajectory.steps):
-            raise ValueError(f"{j.key}: {len(j.steps)} step judgements for {len(j.trajectory.steps)} steps")
-    outcomes = [j.trajectory.outcome for j in judged]
-    verdicts = [[s.verdicts for s in j.steps] for j in judged]
-    scores = [[[x.score for x in s.judgements] for s in j.steps] for j in judged]
-    signals = algorithm.group_signals(
-        outcomes,
-        verdicts,
-        lam=config.lam,
-        rm_acc_low=config.rm_acc_low,
-        rm_acc_high=config.rm_acc_high,
-        scores=scores,
-    )
-    policy: list[PolicySample] = []
-    for target in signals.policy:
-        trajectory = judged[target.rollout].trajectory
-        step = trajectory.steps[target.step]
-        policy.append(
-            PolicySample(
-                sample_key=f"{group.request_id}/{trajectory.rollout_index}/{step.index}",
-                task_id=trajectory.task.task_id,
-                prompt_token_ids=step.prompt_token_ids,
-                response_token_ids=step.response_token_ids,
-                behaviour_logprobs=step.behaviour_logprobs,
-                policy_version=step.policy_version,
-                advantage=finite(target.advantage),
-                reward=finite(target.reward),
-            )
-        )
-    reward: list[RewardSample] = []
-    for target in signals.reward:
-        jt = judged[target.rollout]
-        step_index = jt.trajectory.steps[target.step].index
-        judgement = jt.steps[target.step].judgements[target.judgement]
-        reward.append(
-            RewardSample(
-                sample_key=f"{group.request_id}/{jt.trajectory.rollout_index}/{step_index}/{target.judgement}",
-                prompt_token_ids=judgement.prompt_token_ids,
-                response_token_ids=judgement.response_token_ids,
-                behaviour_logprobs=judgement.behaviour_logprobs,
-                reward_version=jt.reward_version,
-                advantage=finite(target.advantage),
-                reward=finite(target.reward),
-            )
-        )
-    return (
-        PolicySampleBatch(request_id=group.request_id, samples=policy),
-        RewardSampleBatch(request_id=group.request_id, samples=reward),
-        signals,
-    )
-
-
 async def _publish(bus: Bus, group: Group, action: str, config: SignalsConfig) -> None:
     if action.startswith("drop:"):
         log.info("group %s dropped (%s, %d rollouts)", group.request_id, action[5:], len(group.rollouts))
         await bus.metric("signals/groups_dropped", 1.0, reason=action[5:])
         return
     try:
-        policy, reward, signals = build_samples(group, config)
+        policy, reward, signals = build_samples(group.request_id, group.ordered(), config)
     except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
         log.warning("group %s dropped: %s", group.request_id, e)
         await bus.metric("signals/groups_dropped", 1.0, reason="invalid")

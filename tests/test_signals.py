@@ -13,6 +13,7 @@ from aiokafka.partitioner import murmur2
 
 from consumers import archive, signals
 from infra.bus import Bus, Record
+from infra.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig, SignalsConfig
 from schemas.events import (
@@ -103,7 +104,7 @@ def group_b(request_id: str = "B", task: TaskSpec = TASK) -> list[JudgedTrajecto
 def test_build_samples_matches_hand_computed_numbers() -> None:
     group = signals.Group("A", TASK, 3, opened_at=0.0)
     group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
-    policy, reward, _ = signals.build_samples(group, SignalsConfig())
+    policy, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == A_POLICY
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD
     first = next(s for s in policy.samples if s.sample_key == "A/2/0")
@@ -128,7 +129,7 @@ def test_code_domain_scores_replace_consistency_rewards() -> None:
         ]
         rollouts.append(msgspec.structs.replace(j, steps=steps))
     group.rollouts = {j.trajectory.rollout_index: j for j in rollouts}
-    _, reward, _ = signals.build_samples(group, SignalsConfig())
+    _, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
     # every step: scores [0, 3] -> mean 1.5, std 1.5 -> advantages [-1, +1], whatever R and the verdicts
     assert len(reward.samples) == 2 * 6
     assert {(s.sample_key[-1], s.reward, s.advantage) for s in reward.samples} == {

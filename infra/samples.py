@@ -1,0 +1,76 @@
+"""Judged groups -> training samples: the wire-level half of the signals math.
+
+Shared by the signals role (live) and replay (recomputing reward-model samples from the judged
+topic with today's settings), so both apply `algorithm.group_signals` and key samples identically:
+policy samples `request_id/rollout/step`, reward samples `request_id/rollout/step/judgement`.
+"""
+
+from __future__ import annotations
+
+import algorithm
+from schemas.config import SignalsConfig
+from schemas.events import (
+    JudgedTrajectory,
+    PolicySample,
+    PolicySampleBatch,
+    RewardSample,
+    RewardSampleBatch,
+    finite,
+)
+
+
+def build_samples(
+    request_id: str, judged: list[JudgedTrajectory], config: SignalsConfig
+) -> tuple[PolicySampleBatch, RewardSampleBatch, algorithm.GroupSignals]:
+    """Policy and reward-model sample batches of one request's judged rollouts (pure)."""
+    for j in judged:
+        if len(j.steps) != len(j.trajectory.steps):
+            raise ValueError(f"{j.key}: {len(j.steps)} step judgements for {len(j.trajectory.steps)} steps")
+    outcomes = [j.trajectory.outcome for j in judged]
+    verdicts = [[s.verdicts for s in j.steps] for j in judged]
+    scores = [[[x.score for x in s.judgements] for s in j.steps] for j in judged]
+    signals = algorithm.group_signals(
+        outcomes,
+        verdicts,
+        lam=config.lam,
+        rm_acc_low=config.rm_acc_low,
+        rm_acc_high=config.rm_acc_high,
+        scores=scores,
+    )
+    policy: list[PolicySample] = []
+    for target in signals.policy:
+        trajectory = judged[target.rollout].trajectory
+        step = trajectory.steps[target.step]
+        policy.append(
+            PolicySample(
+                sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}",
+                task_id=trajectory.task.task_id,
+                prompt_token_ids=step.prompt_token_ids,
+                response_token_ids=step.response_token_ids,
+                behaviour_logprobs=step.behaviour_logprobs,
+                policy_version=step.policy_version,
+                advantage=finite(target.advantage),
+                reward=finite(target.reward),
+            )
+        )
+    reward: list[RewardSample] = []
+    for target in signals.reward:
+        jt = judged[target.rollout]
+        step_index = jt.trajectory.steps[target.step].index
+        judgement = jt.steps[target.step].judgements[target.judgement]
+        reward.append(
+            RewardSample(
+                sample_key=f"{request_id}/{jt.trajectory.rollout_index}/{step_index}/{target.judgement}",
+                prompt_token_ids=judgement.prompt_token_ids,
+                response_token_ids=judgement.response_token_ids,
+                behaviour_logprobs=judgement.behaviour_logprobs,
+                reward_version=jt.reward_version,
+                advantage=finite(target.advantage),
+                reward=finite(target.reward),
+            )
+        )
+    return (
+        PolicySampleBatch(request_id=request_id, samples=policy),
+        RewardSampleBatch(request_id=request_id, samples=reward),
+        signals,
+    )
