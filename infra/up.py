@@ -136,6 +136,7 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
     from infra.broker import Broker
     from infra.bus import Bus
     from infra.progress import PROGRESS_TOPICS, Progress
+    from infra.target import record_broker
     from infra.topics import create_topics
 
     console = Console(stderr=False)
@@ -156,6 +157,7 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
         kafka = msgspec.structs.replace(config.kafka, bootstrap=bootstrap)
         config = msgspec.structs.replace(config, kafka=kafka, workdir=str(workdir))
         await create_topics(kafka)
+        record_broker(workdir, bootstrap, durable=broker is not None and not options.ephemeral)
 
         # Build the presets once here, so role processes load them instead of racing to build.
         from infra.models import prepare_preset

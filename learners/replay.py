@@ -1,0 +1,222 @@
+"""replay: retrain a reward model from the topics, with today's formulas and settings.
+
+Consumes `forge.trajectories.judged` from the beginning with no consumer group (it disturbs no live
+role), keeps records whose *record timestamps* fall in [since, until) (Tansu's offsets_for_times is
+unreliable, so we filter ourselves), gathers whole groups (a request's group_size distinct rollouts;
+redelivered copies count once), and recomputes reward-model samples with `infra.samples.build_samples`
+under the given λ and accuracy window. With `train=True` it trains a reward-model version from a
+chosen starting point (`preset`, `latest` published version, `vN`, or an HF folder) with the same
+decoupled-PPO loss as the live reward learner, writes it to `out` as a plain Hugging Face folder
+(safetensors), and optionally publishes it to the weight store and `forge.weights`.
+
+Invariant: replay reads only; it publishes nothing unless asked, and a published version is
+numbered after every version already on `forge.weights`, so versions only grow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from infra.bus import Bus
+from infra.samples import build_samples
+from schemas import topics
+from schemas.config import RunConfig
+from schemas.events import JudgedTrajectory, RewardSample
+
+log = logging.getLogger("forgestream.replay")
+
+
+@dataclass
+class ReplayResult:
+    records_read: int = 0
+    records_in_range: int = 0
+    groups_complete: int = 0
+    groups_incomplete: int = 0
+    groups_rejected_variant: int = 0
+    reward_samples: int = 0
+    optimizer_steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    model_dir: str | None = None
+    published_version: int | None = None
+    started_from: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "losses"} | {
+            "first_loss": self.losses[0] if self.losses else None,
+            "last_loss": self.losses[-1] if self.losses else None,
+        }
+
+
+def gather_groups(
+    records: list[Any], since_ms: int, until_ms: int
+) -> tuple[dict[str, list[JudgedTrajectory]], int, int]:
+    """Whole groups among the records in [since_ms, until_ms); returns (groups, complete, incomplete)."""
+    by_request: dict[str, dict[int, JudgedTrajectory]] = defaultdict(dict)
+    for r in records:
+        if since_ms <= r.timestamp_ms < until_ms:
+            judged: JudgedTrajectory = r.value
+            by_request[judged.trajectory.request_id].setdefault(judged.trajectory.rollout_index, judged)
+    groups, incomplete = {}, 0
+    for request_id, rollouts in by_request.items():
+        size = next(iter(rollouts.values())).trajectory.group_size
+        if len(rollouts) >= size:
+            groups[request_id] = [rollouts[i] for i in sorted(rollouts)]
+        else:
+            incomplete += 1
+    return groups, len(groups), incomplete
+
+
+def rejected_variants(task_records: list[Any]) -> set[str]:
+    """Variants that were retired without ever being active: their rollouts never train."""
+    was_active: set[str] = set()
+    retired: set[str] = set()
+    for r in task_records:  # the uncompacted history, in offset order per task (key = task_id)
+        spec = r.value
+        if spec.status == "active":
+            was_active.add(spec.task_id)
+        elif spec.status == "retired":
+            retired.add(spec.task_id)
+    return {t for t in retired if t not in was_active}
+
+
+def reward_samples(groups: dict[str, list[JudgedTrajectory]], config: RunConfig) -> list[RewardSample]:
+    samples: list[RewardSample] = []
+    for request_id in sorted(groups):
+        _, reward, _ = build_samples(request_id, groups[request_id], config.signals)
+        samples.extend(reward.samples)
+    return samples
+
+
+async def _starting_folder(bus: Bus, config: RunConfig, start: str) -> tuple[Path, int]:
+    """(HF folder to start from, newest published reward version or -1)."""
+    from infra.models import prepare_preset
+    from infra.weights import WeightStore
+
+    workdir = Path(config.workdir)
+    published = [r.value for r in await bus.read_topic(topics.WEIGHTS) if r.value.model == "reward"]
+    newest = max((w.version for w in published), default=-1)
+    if start == "preset":
+        return prepare_preset(config.reward_model, role="reward", workdir=workdir), newest
+    if start == "latest" or (start.startswith("v") and start[1:].isdigit()):
+        if not published:
+            raise ValueError(f"--from {start}: no reward-model version has been published on this bus")
+        wanted = newest if start == "latest" else int(start[1:])
+        event = next((w for w in reversed(published) if w.version == wanted), None)
+        if event is None:
+            raise ValueError(
+                f"--from {start}: published reward versions are {sorted({w.version for w in published})}"
+            )
+        store = WeightStore(
+            config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
+        )
+        return store.fetch(event), newest
+    folder = Path(start)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--from {start}: expected preset, latest, vN or a Hugging Face model folder")
+    return folder, newest
+
+
+def train_reward_model(
+    folder: Path, samples: list[RewardSample], config: RunConfig, *, epochs: int, seed: int
+) -> tuple[Any, Any, list[float]]:
+    """Train on the samples (decoupled PPO, as the live reward learner); returns (model, tokenizer, losses)."""
+    import torch
+
+    from infra.models import load_trainable
+    from learners.checkpoint import TrainSample
+    from learners.core import Trainer
+    from learners.engine import build_engine
+
+    model_cfg = msgspec.structs.replace(config.reward_model, preset=f"hf:{folder}")
+    torch.set_num_threads(model_cfg.torch_threads)
+    torch.manual_seed(seed)
+    model, tokenizer = load_trainable(model_cfg, role="reward", workdir=Path(config.workdir))
+    model.eval()
+    cfg = config.reward_learner
+    trainer = Trainer(build_engine(model, cfg), cfg, model_cfg.temperature)
+    train = [
+        TrainSample(
+            key=s.sample_key,
+            prompt_ids=list(s.prompt_token_ids),
+            response_ids=list(s.response_token_ids),
+            behaviour_logprobs=list(s.behaviour_logprobs),
+            version=s.reward_version,
+            advantage=s.advantage,
+        )
+        for s in samples
+        if s.response_token_ids
+    ]
+    rng = random.Random(seed)
+    losses: list[float] = []
+    for _ in range(epochs):
+        rng.shuffle(train)
+        for lo in range(0, len(train), cfg.batch_samples):
+            losses.append(trainer.step(train[lo : lo + cfg.batch_samples]).loss)
+    return model, tokenizer, losses
+
+
+async def replay(
+    config: RunConfig,
+    *,
+    since: datetime,
+    until: datetime,
+    out: Path,
+    train: bool = True,
+    start_from: str = "preset",
+    epochs: int = 1,
+    publish: bool = False,
+) -> ReplayResult:
+    import anyio
+
+    result = ReplayResult(started_from=start_from)
+    since_ms, until_ms = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
+    if until_ms <= since_ms:
+        raise ValueError(f"--until ({until.isoformat()}) must be after --since ({since.isoformat()})")
+    out.mkdir(parents=True, exist_ok=True)
+    async with Bus(config.kafka, role="replay") as bus:
+        records = await bus.read_topic(topics.JUDGED)
+        result.records_read = len(records)
+        result.records_in_range = sum(since_ms <= r.timestamp_ms < until_ms for r in records)
+        groups, result.groups_complete, result.groups_incomplete = gather_groups(records, since_ms, until_ms)
+        rejected = rejected_variants(await bus.read_topic(topics.TASKS, latest_per_key=False))
+        groups = {rid: g for rid, g in groups.items() if g[0].trajectory.task.task_id not in rejected}
+        result.groups_rejected_variant = result.groups_complete - len(groups)
+        samples = reward_samples(groups, config)
+        result.reward_samples = len(samples)
+        (out / "reward_samples.msgpack").write_bytes(msgspec.msgpack.encode(samples))
+        log.info("replay: %d records in range, %d whole groups, %d reward samples",
+                 result.records_in_range, result.groups_complete, len(samples))  # fmt: skip
+        if train:
+            if not samples:
+                raise ValueError("no reward-model samples in that time range: nothing to train on")
+            folder, newest = await _starting_folder(bus, config, start_from)
+            model, tokenizer, result.losses = await anyio.to_thread.run_sync(
+                lambda: train_reward_model(folder, samples, config, epochs=epochs, seed=config.seed)
+            )
+            result.optimizer_steps = len(result.losses)
+            model_dir = out / "model"
+            model.save_pretrained(str(model_dir), safe_serialization=True)
+            tokenizer.save_pretrained(str(model_dir))
+            result.model_dir = str(model_dir)
+            if publish:
+                from infra.weights import WeightStore
+
+                workdir = Path(config.workdir)
+                store = WeightStore(
+                    config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
+                )
+                version = newest + 1
+                event = store.publish("reward", version, model, tokenizer, preset=f"replay:{start_from}")
+                await bus.send(topics.WEIGHTS, event, key="reward")
+                result.published_version = version
+    (out / "replay.json").write_text(json.dumps(result.summary(), indent=2))
+    return result
