@@ -191,14 +191,22 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path) -> None:
     )
     net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    (out / "bootstrap.json").write_text(json.dumps({"role": role, **report}, indent=1))
+    report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer), **report}
+    (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    net = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The GGUF weights arrive dequantized, but transformers still marks the model as GGUF-quantized
+    # and refuses to save it: rebuild a plain model from the config and copy the tensors over.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    net.load_state_dict(loaded.state_dict())
     net.save_pretrained(str(out), max_shard_size="1000GB")
     tokenizer.save_pretrained(str(out))

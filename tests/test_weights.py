@@ -1,0 +1,153 @@
+"""Weight store and watcher: atomic safetensors versions, sha256 checks, refusal keeps the old weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from infra.models import load_trainable, prepare_preset
+from infra.models.hf_backend import HFBackend
+from infra.weights import WeightsRejected, WeightStore, WeightsWatcher, sha256_file
+from schemas.config import ModelConfig
+from schemas.events import WeightsPublished
+
+torch.set_num_threads(1)
+WORKDIR = Path(__file__).resolve().parents[1] / ".work" / "test-models"
+TINY = ModelConfig(bootstrap_sft_seconds=5.0)
+
+
+@pytest.fixture(scope="module")
+def trainable():
+    return load_trainable(TINY, role="policy", workdir=WORKDIR)
+
+
+def nudged(model, scale: float = 0.05):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+def test_publish_writes_a_verified_folder_that_from_pretrained_loads(tmp_path, trainable):
+    model, tok = trainable
+    store = WeightStore(str(tmp_path / "store"))
+    ev = store.publish("policy", 7, model, tok, preset="tiny", optimizer_step=21)
+    folder = Path(ev.uri)
+    assert folder == tmp_path / "store" / "policy" / "v000007"
+    assert ev.sha256 == sha256_file(folder / "model.safetensors")
+    assert ev.bytes == (folder / "model.safetensors").stat().st_size and ev.optimizer_step == 21
+    assert not list(folder.parent.glob(".tmp-*"))
+    assert store.fetch(ev) == folder
+    loaded = AutoModelForCausalLM.from_pretrained(str(folder))  # users can take it anywhere
+    ids = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model.eval()(ids).logits, atol=1e-6)
+
+
+def test_prune_keeps_the_last_versions(tmp_path, trainable):
+    model, tok = trainable
+    store = WeightStore(str(tmp_path), keep_last=2)
+    for v in range(1, 5):
+        store.publish("reward", v, model, None)
+    assert store.versions("reward") == [3, 4]
+    assert store.versions("policy") == []
+
+
+def test_fsspec_url_round_trip(trainable):
+    model, tok = trainable
+    store = WeightStore("memory://fs-test-store", cache_dir=None)
+    ev = store.publish("policy", 1, model, tok)
+    assert ev.uri == "memory:///fs-test-store/policy/v000001"
+    folder = store.fetch(ev)
+    assert sha256_file(folder / "model.safetensors") == ev.sha256
+
+
+def test_tampered_and_non_safetensors_weights_are_refused_and_old_weights_kept(tmp_path, trainable):
+    model, tok = trainable
+    store = WeightStore(str(tmp_path))
+    backend = HFBackend(prepare_preset(TINY, role="policy", workdir=WORKDIR))
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    prompt = ["Task: put a spoon in table 1."]
+
+    # 1. a flipped byte in the tensor data: sha256 mismatch
+    ev = store.publish("policy", 1, nudged(model), tok)
+    weights = Path(ev.uri) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(WeightsRejected, match="sha256 mismatch"):
+        store.fetch(ev)
+
+    # 2. a pickle renamed to model.safetensors, with a matching hash in the event
+    torch.save(model.state_dict(), weights)
+    forged = WeightsPublished(model="policy", version=1, uri=ev.uri, sha256=sha256_file(weights), bytes=1)
+    with pytest.raises(WeightsRejected, match="not a safetensors file"):
+        store.fetch(forged)
+    with pytest.raises(WeightsRejected, match="not a safetensors file"):
+        backend.load_weights(1, Path(ev.uri))
+
+    # 3. a pickle checkpoint beside valid weights
+    ev2 = store.publish("policy", 2, model, tok)
+    torch.save({}, Path(ev2.uri) / "pytorch_model.bin")
+    with pytest.raises(WeightsRejected, match="pickle"):
+        store.fetch(ev2)
+
+    # 4. valid safetensors of the wrong shapes
+    (tmp_path / "wrong").mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"model.embed_tokens.weight": torch.zeros(3, 3)}, str(tmp_path / "wrong" / "model.safetensors"))
+    with pytest.raises(WeightsRejected, match="do not fit"):
+        backend.load_weights(3, tmp_path / "wrong")
+
+    # the watcher remembers refusals and the backend still serves version 0, unchanged
+    watcher = WeightsWatcher(bus=None, store=store, model_name="policy")  # type: ignore[arg-type]
+    watcher.observe(forged)
+    assert watcher.apply(backend) is None and watcher.newer_than(0) is None
+    assert backend.version == 0
+    after = backend.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert backend.generate(prompt, temperature=0.0, max_tokens=4)[0][0].version == 0
+
+
+def test_watcher_apply_loads_the_newest_version(tmp_path, trainable):
+    model, tok = trainable
+    store = WeightStore(str(tmp_path))
+    backend = HFBackend(prepare_preset(TINY, role="policy", workdir=WORKDIR))
+    watcher = WeightsWatcher(bus=None, store=store, model_name="policy")  # type: ignore[arg-type]
+    watcher.observe(store.publish("reward", 9, model, tok))  # other model: ignored
+    assert watcher.newer_than(0) is None
+    for v in (1, 2):
+        watcher.observe(store.publish("policy", v, nudged(model), tok))
+    assert watcher.apply(backend) == 2 and backend.version == 2
+    assert watcher.apply(backend) is None
+    out = backend.generate(["Task:"], temperature=0.8, max_tokens=6, seed=0)[0][0]
+    assert out.version == 2
+
+
+async def test_watcher_follows_forge_weights_from_the_beginning(kafka_config, tmp_path, trainable):
+    from infra.bus import Bus
+    from schemas.topics import WEIGHTS
+
+    model, tok = trainable
+    store = WeightStore(str(tmp_path))
+    events = [store.publish(m, v, model, tok) for m, v in [("policy", 1), ("reward", 4), ("policy", 2)]]
+    async with Bus(kafka_config, role="test-weights") as bus:
+        for ev in events[:2]:
+            await bus.send(WEIGHTS, ev, key=ev.model)
+        watcher = WeightsWatcher(bus, store, "policy")
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher.run, shutdown)
+            with anyio.fail_after(30):
+                assert (await watcher.wait_newer_than(0)).version == 1  # published before we started
+                await bus.send(WEIGHTS, events[2], key="policy")
+                got = await watcher.wait_newer_than(1)
+            assert got.version == 2 and got.sha256 == events[2].sha256
+            shutdown.set()
+    assert json.loads((Path(got.uri) / "config.json").read_text())["hidden_size"] == 128
