@@ -72,6 +72,17 @@ def _members(group: dict[str, Any]) -> list[dict[str, Any]]:
     return members
 
 
+async def _describe(admin: Any, gid: str) -> dict[str, Any]:
+    """State and members of one group; a description the client cannot parse is shown as unknown
+    (seen on Tansu for a group whose member was killed mid-rebalance: "Buffer underrun")."""
+    try:
+        (response,) = await admin.describe_consumer_groups([gid])
+        (group,) = response.to_object()["groups"]
+    except Exception as e:
+        return {"state": f"? ({type(e).__name__})", "members": []}
+    return {"state": group.get("state", "?"), "members": _members(group)}
+
+
 async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
     """Everything `forgestream status` shows, as plain data (JSON-ready)."""
     names = TopicNames(kafka.topic_prefix)
@@ -96,13 +107,7 @@ async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
                 }
             )
         group_rows = []
-        group_ids = sorted(g[0] for g in await admin.list_consumer_groups())
-        descriptions: dict[str, dict[str, Any]] = {}
-        if group_ids:
-            for response in await admin.describe_consumer_groups(group_ids):
-                for g in response.to_object()["groups"]:
-                    descriptions[g["group"]] = g
-        for gid in group_ids:
+        for gid in sorted(g[0] for g in await admin.list_consumer_groups()):
             committed = await admin.list_consumer_group_offsets(gid, partitions=tps) if tps else {}
             # a group consumes a topic when it committed on any of its partitions; on the others it
             # starts from the beginning (auto_offset_reset=earliest), so their lag is the whole partition
@@ -118,15 +123,8 @@ async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
                 lag[tp.topic] = lag.get(tp.topic, 0) + max(0, ends[tp] - position)
             if not lag and kafka.topic_prefix:
                 continue  # no commit on this run's topics: a group of another run sharing the cluster
-            desc = descriptions.get(gid, {})
             group_rows.append(
-                {
-                    "group": gid,
-                    "state": desc.get("state", "?"),
-                    "members": _members(desc),
-                    "lag": lag,
-                    "total_lag": sum(lag.values()),
-                }
+                {"group": gid} | await _describe(admin, gid) | {"lag": lag, "total_lag": sum(lag.values())}
             )
         dlq = names.of(DLQ)
         return {

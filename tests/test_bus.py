@@ -313,23 +313,28 @@ async def test_group_of_two_processes_survives_kill_9(kafka_config: KafkaConfig)
         assert procs["w2"].returncode == 0  # graceful exit on SIGTERM
 
         # count effects, not deliveries: a deduplicating consumer applies each id exactly once
-        deliveries = len(effects)
+        deliveries = len(await bus.read_topic(T.METRICS))  # workers are stopped: this is final
         applied: Counter[str] = Counter()
         done = anyio.Event()
 
         async def apply(record: Record[ev.Metric]) -> None:
             applied[record.value.labels["id"]] += 1
-            if bus.stats["handled"] + 1 + bus.stats["duplicates"] >= deliveries:
-                done.set()
+
+        async def until_all_delivered() -> None:
+            while bus.stats["handled"] + bus.stats["duplicates"] < deliveries:
+                await anyio.sleep(0.05)
+            done.set()
 
         with anyio.fail_after(30):
-            await bus.consume(
-                [T.METRICS],
-                group="checker",
-                handler=apply,
-                shutdown=done,
-                idempotency_key=lambda r: r.value.labels["id"],
-            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(until_all_delivered)
+                await bus.consume(
+                    [T.METRICS],
+                    group="checker",
+                    handler=apply,
+                    shutdown=done,
+                    idempotency_key=lambda r: r.value.labels["id"],
+                )
         assert set(applied) == {f"r{i}" for i in range(N_EVENTS)}
         assert set(applied.values()) == {1}
         assert bus.stats["duplicates"] == deliveries - N_EVENTS
