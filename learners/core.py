@@ -1,0 +1,381 @@
+"""The learner loop shared by the policy and reward learners.
+
+Consumes: sample batches (PolicySampleBatch / RewardSampleBatch) from one topic, group-consumed.
+Produces: WeightsPublished on forge.weights (key = model name; bytes in the weight store),
+          metrics learner/<name>/{version,loss,kl,clip_fraction,tokens_per_s,grad_norm,dropped_stale,
+          duplicates} and `staleness` (mean over the samples of a step, label model=<name>).
+Loop: consume -> dedupe by sample_key -> drop samples older than version - eta -> pack micro-batches
+by token budget -> proximal logprobs (no grad) -> algorithm.policy_loss -> AdamW step -> every
+`publish_every` steps a new version; every `checkpoint_every` versions a checkpoint first, then the
+publish, then the offset commit.
+Invariant: offsets are committed only after a checkpoint that includes them, and a checkpoint holds
+the consumed-but-untrained samples, so after kill -9 and restart no sample key is trained twice by
+the surviving weights and none is skipped. Versions only grow: a restart continues from
+max(checkpoint version, newest published version).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import torch
+from torch import Tensor
+
+from algorithm import filter_stale, policy_loss
+from infra.bus import Bus, Record
+from infra.models import load_trainable, sequence_logprobs
+from infra.weights import WeightStore
+from learners import checkpoint as ckpt
+from learners.checkpoint import LearnerState, TrainSample
+from learners.engine import Engine, build_engine
+from schemas import topics
+from schemas.config import LearnerConfig, ModelConfig, RunConfig
+from schemas.events import WeightsPublished
+
+MAX_TRAINED_KEYS = 200_000  # dedup memory (and checkpoint size) bound
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    name: Literal["policy", "reward"]
+    topic: str  # logical samples topic
+    group: str
+    version_field: str  # "policy_version" / "reward_version" on the sample
+    model: ModelConfig
+    learner: LearnerConfig
+
+
+def to_train_samples(batch: Any, version_field: str) -> tuple[list[TrainSample], int]:
+    """Normalise a sample batch; samples that cannot be trained (empty or inconsistent) are counted."""
+    out, invalid = [], 0
+    for s in batch.samples:
+        if (
+            not s.response_token_ids
+            or not s.prompt_token_ids
+            or len(s.behaviour_logprobs) != len(s.response_token_ids)
+        ):
+            invalid += 1
+            continue
+        out.append(
+            TrainSample(
+                key=s.sample_key,
+                prompt_ids=list(s.prompt_token_ids),
+                response_ids=list(s.response_token_ids),
+                behaviour_logprobs=list(s.behaviour_logprobs),
+                version=getattr(s, version_field),
+                advantage=s.advantage,
+            )
+        )
+    return out, invalid
+
+
+def pack_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so each group's padded size (count x longest) fits the budget.
+
+    Longest first, greedy; a sample longer than the budget gets a micro-batch of its own.
+    Deterministic for equal inputs (ties keep input order)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def pad(rows: list[Tensor] | list[list[float]], width: int) -> Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        r = torch.as_tensor(r, dtype=torch.float32)
+        out[i, : r.shape[0]] = r
+    return out
+
+
+@dataclass
+class StepStats:
+    loss: float = 0.0
+    kl: float = 0.0
+    clip_fraction: float = 0.0
+    is_weight_mean: float = 0.0
+    grad_norm: float = 0.0
+    samples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Trainer:
+    """Decoupled-PPO updates on an Engine (blocking; call it from a worker thread)."""
+
+    def __init__(self, engine: Engine, cfg: LearnerConfig, temperature: float) -> None:
+        self.engine, self.cfg, self.temperature = engine, cfg, temperature
+
+    def logprobs(self, samples: list[TrainSample]) -> list[Tensor]:
+        return sequence_logprobs(
+            self.engine.module,
+            [s.prompt_ids for s in samples],
+            [s.response_ids for s in samples],
+            self.temperature,
+        )
+
+    def proximal(self, samples: list[TrainSample]) -> list[Tensor]:
+        """Logprobs under the weights before this batch's updates, micro-batched, no grad."""
+        out: list[Tensor | None] = [None] * len(samples)
+        with torch.no_grad():
+            for mb in self._aligned(pack_micro_batches(self._lengths(samples), self.cfg.micro_batch_tokens)):
+                if not mb:  # ZeRO-3 gathers parameters collectively in every forward
+                    self._zero_loss()
+                for i, lp in zip(mb, self.logprobs([samples[i] for i in mb]), strict=True):
+                    out[i] = lp.detach()
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _lengths(samples: list[TrainSample]) -> list[int]:
+        return [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+
+    def _aligned(self, groups: list[list[int]]) -> list[list[int]]:
+        """Data parallel: every rank must run as many backward passes as the busiest one."""
+        if self.engine.world_size == 1:
+            return groups
+        count = torch.tensor(len(groups))
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return groups + [[] for _ in range(int(count) - len(groups))]
+
+    def _zero_loss(self) -> Tensor:
+        device = next(self.engine.module.parameters()).device
+        out = self.engine.module(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
+        return out.logits.sum() * 0.0
+
+    def step(self, samples: list[TrainSample], prox: list[Tensor] | None = None) -> StepStats:
+        """One optimizer step on `samples` (their batch-mean loss). `prox=None`: the proximal
+        policy is the current one, so its logprobs are the current ones detached (one forward saved)."""
+        start = time.perf_counter()
+        cfg, n = self.cfg, len(samples)
+        stats = StepStats(samples=n, tokens=sum(self._lengths(samples)), keys=[s.key for s in samples])
+        tokens_seen = 0
+        for mb in self._aligned(pack_micro_batches(self._lengths(samples), cfg.micro_batch_tokens)):
+            if not mb:  # this rank has fewer micro-batches than another: a no-op backward keeps the
+                self.engine.backward(self._zero_loss())  # gradient collectives in step
+                continue
+            group = [samples[i] for i in mb]
+            width = max(len(s.response_ids) for s in group)
+            logp_rows = self.logprobs(group)
+            logp = torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[0])) for r in logp_rows])
+            prox_t = logp.detach() if prox is None else pad([prox[i] for i in mb], width)
+            behav = pad([s.behaviour_logprobs for s in group], width)
+            mask = pad([[1.0] * len(s.response_ids) for s in group], width)
+            adv = torch.tensor([s.advantage for s in group], dtype=torch.float32)
+            loss, diag = policy_loss(logp, prox_t, behav, adv, mask, cfg.clip, cfg.kl_coef, cfg.is_cap)
+            self.engine.backward(loss * (len(mb) / n))  # batch mean = sample-weighted micro-batch means
+            ntok = int(mask.sum())
+            stats.loss += float(loss.detach()) * len(mb) / n
+            for name in ("kl", "clip_fraction", "is_weight_mean"):
+                setattr(stats, name, getattr(stats, name) + diag[name] * ntok)
+            tokens_seen += ntok
+        for name in ("kl", "clip_fraction", "is_weight_mean"):
+            setattr(stats, name, getattr(stats, name) / max(tokens_seen, 1))
+        stats.grad_norm = self.engine.step()
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+
+def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    return get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets)
+    )
+
+
+@dataclass
+class StepOutcome:
+    stats: StepStats
+    version: int
+    published: WeightsPublished | None = None
+    committed: dict[tuple[str, int], int] | None = None  # offsets safe to commit (in a checkpoint)
+
+
+class Learner:
+    """Model, engine, durable state and the weight store: the blocking half of the learner role."""
+
+    def __init__(self, config: RunConfig, spec: LearnerSpec) -> None:
+        torch.set_num_threads(spec.model.torch_threads)
+        self.spec, self.cfg = spec, spec.learner
+        workdir = Path(config.workdir)
+        self.root = workdir / "checkpoints" / spec.name
+        self.store = WeightStore(
+            config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
+        )
+        model, self.tokenizer = load_trainable(spec.model, role=spec.name, workdir=workdir)
+        if self.cfg.lora_rank > 0:
+            model = apply_lora(model, self.cfg.lora_rank)
+        model.eval()  # no dropout: behaviour, proximal and current logprobs must be comparable
+        self.state = LearnerState()
+        latest = ckpt.latest_checkpoint(self.root)
+        if latest is not None:
+            ckpt.load_model_weights(latest, model)
+            self.state = ckpt.load_state(latest)
+        self.model = model
+        self.engine = build_engine(model, self.cfg)
+        if latest is not None:
+            self.engine.load_optimizer_state(ckpt.load_optimizer_tensors(latest), self.state.optimizer_step)
+            ckpt.append_journal(self.root, {"restored_step": self.state.optimizer_step, "from": latest.name})
+        self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature)
+        self.trained = deque(self.state.trained_keys, maxlen=MAX_TRAINED_KEYS)
+        self.seen = set(self.trained) | {s.key for s in self.state.pending}
+        self.pending: list[TrainSample] = list(self.state.pending)
+        self.offsets = ckpt.offsets_from_state(self.state.offsets)
+        self.dirty = False  # progress since the last checkpoint
+
+    # --- consume ---
+    def ingest(self, records: list[Record[Any]]) -> int:
+        """Queue new samples; returns how many were duplicates (already trained or queued)."""
+        dups = 0
+        for r in records:
+            self.offsets[(r.topic, r.partition)] = r.offset + 1
+            samples, _invalid = to_train_samples(r.value, self.spec.version_field)
+            for s in samples:
+                if s.key in self.seen:
+                    dups += 1
+                    continue
+                self.seen.add(s.key)
+                self.pending.append(s)
+            self.dirty = True
+        self.state.duplicates += dups
+        return dups
+
+    def ready(self, idle: bool) -> bool:
+        return len(self.pending) >= self.cfg.batch_samples or (idle and bool(self.pending))
+
+    # --- train ---
+    def drop_stale(self) -> tuple[int, list[int]]:
+        """Drop pending samples older than version - eta; returns (dropped, staleness of the kept)."""
+        kept, dropped = filter_stale([s.version for s in self.pending], self.state.version, self.cfg.eta)
+        self.pending = [self.pending[i] for i in kept]
+        self.state.dropped_stale += dropped
+        return dropped, [self.state.version - s.version for s in self.pending]
+
+    def train_batch(self) -> list[StepOutcome]:
+        """Train the next batch of pending samples: one optimizer step per minibatch."""
+        batch = self.pending[: self.cfg.batch_samples]
+        prox = self.trainer.proximal(batch) if self.cfg.minibatches > 1 else None
+        chunk = -(-len(batch) // self.cfg.minibatches)
+        outcomes = []
+        for lo in range(0, len(batch), chunk):
+            part = batch[lo : lo + chunk]
+            stats = self.trainer.step(part, None if prox is None else prox[lo : lo + chunk])
+            keys = set(stats.keys)
+            self.pending = [s for s in self.pending if s.key not in keys]
+            self.trained.extend(stats.keys)
+            self.state.optimizer_step += 1
+            self.dirty = True
+            outcome = StepOutcome(stats=stats, version=self.state.version)
+            if self.state.optimizer_step % self.cfg.publish_every == 0:
+                self.state.version += 1
+                outcome.version = self.state.version
+                if self.state.version % self.cfg.checkpoint_every == 0:
+                    outcome.committed = self.checkpoint()
+                outcome.published = self.publish()
+            ckpt.append_journal(
+                self.root,
+                {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys},
+            )
+            outcomes.append(outcome)
+        return outcomes
+
+    # --- persist ---
+    def checkpoint(self) -> dict[tuple[str, int], int]:
+        """Write a complete checkpoint; returns the offsets it covers (now safe to commit)."""
+        self.state.offsets = ckpt.offsets_to_state(self.offsets)
+        self.state.trained_keys = list(self.trained)
+        self.state.pending = list(self.pending)
+        tensors, _ = self.engine.optimizer_state()
+        with self.engine.full_parameters():
+            if self.engine.rank == 0:
+                ckpt.save_checkpoint(self.root, self.state, self.model, tensors)
+        self.dirty = False
+        return dict(self.offsets)
+
+    def publish(self) -> WeightsPublished:
+        with self.engine.full_parameters():
+            model = self.model
+            if self.cfg.lora_rank > 0:  # actors load plain HF folders: merge the adapters into a copy
+                model = copy.deepcopy(model).merge_and_unload()
+            return self.store.publish(
+                self.spec.name,
+                self.state.version,
+                model,
+                self.tokenizer,
+                preset=self.spec.model.preset,
+                optimizer_step=self.state.optimizer_step,
+            )
+
+
+async def latest_published(bus: Bus, name: str) -> int | None:
+    versions = [r.value.version for r in await bus.read_topic(topics.WEIGHTS) if r.value.model == name]
+    return max(versions) if versions else None
+
+
+async def run_learner(config: RunConfig, spec: LearnerSpec, *, shutdown: anyio.Event | None = None) -> None:
+    shutdown = shutdown or anyio.Event()
+    name, cfg = spec.name, spec.learner
+    learner = await anyio.to_thread.run_sync(Learner, config, spec)
+    async with Bus(config.kafka, role=f"{name}-learner") as bus:
+        latest = await latest_published(bus, name)
+        # versions only grow: weights published after the last checkpoint keep their numbers
+        learner.state.version = max(learner.state.version, latest if latest is not None else 0)
+        if latest is None or latest < learner.state.version:  # v0 = the preset weights, or a lost publish
+            event = await anyio.to_thread.run_sync(learner.publish)
+            await bus.send(topics.WEIGHTS, event, key=name)
+        await bus.metric(f"learner/{name}/version", learner.state.version, step=learner.state.version)
+        async with bus.batch_consumer([spec.topic], group=spec.group) as consumer:
+            if learner.offsets:
+                await consumer.seek(dict(learner.offsets))
+            while not shutdown.is_set():
+                records = await consumer.next_batch(cfg.batch_samples, cfg.poll_timeout_s)
+                dups = learner.ingest(records)
+                if dups:
+                    await bus.metric(f"learner/{name}/duplicates", learner.state.duplicates)
+                while learner.ready(idle=not records):
+                    dropped, staleness = learner.drop_stale()
+                    if dropped:
+                        await bus.metric(f"learner/{name}/dropped_stale", learner.state.dropped_stale)
+                    if staleness:
+                        v = learner.state.version
+                        await bus.metric("staleness", sum(staleness) / len(staleness), step=v, model=name)
+                    if not learner.pending:
+                        break
+                    for outcome in await anyio.to_thread.run_sync(learner.train_batch):
+                        await _report(bus, consumer, name, outcome)
+            if learner.dirty:  # graceful stop: keep the progress and the consumed-but-untrained samples
+                offsets = await anyio.to_thread.run_sync(learner.checkpoint)
+                await consumer.commit(offsets)
+
+
+async def _report(bus: Bus, consumer: Any, name: str, outcome: StepOutcome) -> None:
+    if outcome.committed is not None:
+        await consumer.commit(outcome.committed)
+    if outcome.published is not None:
+        await bus.send(topics.WEIGHTS, outcome.published, key=name)
+        await bus.metric(f"learner/{name}/version", outcome.version, step=outcome.version)
+    s, v = outcome.stats, outcome.version
+    for metric, value in (
+        ("loss", s.loss),
+        ("kl", s.kl),
+        ("clip_fraction", s.clip_fraction),
+        ("grad_norm", s.grad_norm),
+        ("tokens_per_s", s.tokens_per_s),
+    ):
+        await bus.metric(f"learner/{name}/{metric}", value, step=v)
