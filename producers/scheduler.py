@@ -6,10 +6,15 @@ Consumes: `forge.tasks` (the task pool: last value per task_id, active + pending
 Produces: `forge.rollout.requests` (RolloutRequest of n = rollouts_per_task, key task_id),
           `forge.tasks` (seed tasks, only when the pool is empty), metrics `scheduler/*`.
 Invariant: requests in flight never exceed `algorithm.capacity` (AReaL's gate): running = requests
-sent whose group has not been fully judged yet, accepted = groups fully judged, version = the
-latest published policy version. So no trained sample is more than `eta` versions stale unless the
-learner falls behind its own batch size. A request whose group is still unjudged after
-`request_timeout_s` (lost to the DLQ, a retired task) stops counting as running.
+sent whose group has not been fully judged yet, accepted = judged groups that yield policy samples
+(`algorithm.group_signals` on the group's outcomes and verdicts, as the signals stage computes them:
+what the learner trains on), version = the latest published policy version. So no trained sample
+is more than `eta` versions stale unless the learner falls behind its own batch size. A group with
+no signal (every rollout failed or every one succeeded) is never trained on, so it frees its slot
+without counting as accepted: otherwise a policy that fails everything would stall the loop at
+(eta + version + 1) * batch_size groups with the learner waiting for samples that never come.
+A request whose group is still unjudged after `request_timeout_s` (lost to the DLQ, a retired task)
+stops counting as running.
 """
 
 from __future__ import annotations
@@ -17,15 +22,16 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
 import msgspec
-from infra.bus import Bus
 
-from algorithm import capacity
+from algorithm import capacity, group_signals
 from envs import get_environment
 from envs.base import Environment
+from infra.bus import Bus
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, WeightsPublished
@@ -71,14 +77,17 @@ def seed_tasks(env: Environment, count: int, difficulty: int, rng: random.Random
 # --- in-flight accounting ------------------------------------------------------------------------
 @dataclass
 class Flight:
-    """Which requests are running and which groups are done (counted from judged trajectories)."""
+    """Which requests are running (until all their trajectories are judged) and which judged groups
+    carry a training signal (`has_signal(outcomes, verdicts)`)."""
 
     request_timeout_s: float
+    has_signal: Callable[[list[int], list[list[list[int]]]], bool]
     sent_at: dict[str, float] = field(default_factory=dict)  # request_id -> monotonic send time
     group_size: dict[str, int] = field(default_factory=dict)
-    judged: dict[str, set[int]] = field(default_factory=dict)  # request_id -> rollout indices seen
+    judged: dict[str, dict[int, tuple[int, list[list[int]]]]] = field(default_factory=dict)
+    """request_id -> rollout index -> (outcome, verdicts per step)"""
     done: set[str] = field(default_factory=set)
-    accepted: int = 0
+    trained: set[str] = field(default_factory=set)  # judged groups with a training signal
     expired: int = 0
 
     def sent(self, request_id: str, n: int, at: float) -> None:
@@ -88,18 +97,23 @@ class Flight:
         self.group_size[request_id] = n
         self._maybe_finish(request_id)
 
-    def judged_one(self, request_id: str, rollout_index: int, group_size: int) -> None:
+    def judged_one(
+        self, request_id: str, rollout_index: int, group_size: int, outcome: int, verdicts: list[list[int]]
+    ) -> None:
         if request_id in self.done:
             return
         self.group_size.setdefault(request_id, group_size)
-        self.judged.setdefault(request_id, set()).add(rollout_index)
+        self.judged.setdefault(request_id, {})[rollout_index] = (outcome, verdicts)
         self._maybe_finish(request_id)
 
     def _maybe_finish(self, request_id: str) -> None:
         n = self.group_size.get(request_id)
-        if n is not None and len(self.judged.get(request_id, ())) >= n:
+        rollouts = self.judged.get(request_id, {})
+        if n is not None and len(rollouts) >= n:
+            ordered = [rollouts[i] for i in sorted(rollouts)]
+            if self.has_signal([o for o, _ in ordered], [v for _, v in ordered]):
+                self.trained.add(request_id)
             self.done.add(request_id)
-            self.accepted += 1
             self.sent_at.pop(request_id, None)
             self.judged.pop(request_id, None)
             self.group_size.pop(request_id, None)
@@ -116,6 +130,10 @@ class Flight:
     @property
     def running(self) -> int:
         return len(self.sent_at)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.trained)
 
 
 # --- task sampling -------------------------------------------------------------------------------
@@ -145,7 +163,11 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     env = get_environment(cfg.domain)
     rng = random.Random(config.seed)
     pool = TaskPool()
-    flight = Flight(request_timeout_s=cfg.request_timeout_s)
+    lam = config.signals.lam
+    flight = Flight(
+        request_timeout_s=cfg.request_timeout_s,
+        has_signal=lambda outcomes, verdicts: bool(group_signals(outcomes, verdicts, lam=lam).policy),
+    )
     scheduled: dict[str, int] = {}
     version = 0
     wake = anyio.Event()
@@ -184,7 +206,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             async for record in bus.follow_topic(topics.JUDGED, shutdown=shutdown):
                 judged: JudgedTrajectory = record.value
                 t = judged.trajectory
-                flight.judged_one(t.request_id, t.rollout_index, t.group_size)
+                verdicts = [step.verdicts for step in judged.steps]
+                flight.judged_one(t.request_id, t.rollout_index, t.group_size, t.outcome, verdicts)
                 poke()
 
         async def follow_weights() -> None:
@@ -206,6 +229,13 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     version,
                     cfg.batch_size,
                     cfg.eta,
+                )
+                log.debug(
+                    "capacity %d running %d accepted %d version %d",
+                    room,
+                    flight.running,
+                    flight.accepted,
+                    version,
                 )
                 picked = pick_tasks(pool.schedulable(), room, scheduled, rng)
                 for task in picked:

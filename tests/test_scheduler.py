@@ -15,7 +15,16 @@ from producers import scheduler
 from producers.scheduler import Flight, TaskPool, pick_tasks
 from schemas import topics
 from schemas.config import RunConfig, SchedulerConfig
-from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, Trajectory, WeightsPublished
+from schemas.events import (
+    JudgedTrajectory,
+    Judgement,
+    RolloutRequest,
+    Step,
+    StepJudgement,
+    TaskSpec,
+    Trajectory,
+    WeightsPublished,
+)
 
 
 def task(task_id: str, status: str = "active", version: int = 0) -> TaskSpec:
@@ -35,18 +44,25 @@ def test_pool_keeps_newest_version_and_drops_retired() -> None:
     assert [t.task_id for t in pool.schedulable()] == ["a"]
 
 
-def test_flight_counts_a_group_once_when_all_rollouts_are_judged() -> None:
-    flight = Flight(request_timeout_s=10.0)
-    flight.sent("r1", 2, at=0.0)
-    flight.sent("r2", 2, at=0.0)
-    flight.judged_one("r1", 0, 2)
-    flight.judged_one("r1", 0, 2)  # redelivered judgement
-    assert (flight.running, flight.accepted) == (2, 0)
-    flight.judged_one("r1", 1, 2)
-    assert (flight.running, flight.accepted) == (1, 1)
-    flight.judged_one("r1", 1, 2)  # after the group is done: ignored
-    assert flight.accepted == 1
-    assert flight.expire(now=11.0) == 1  # r2 never judged
+def signal(outcomes: list[int], verdicts: list[list[list[int]]]) -> bool:
+    """A stand-in rule for the unit test: mixed outcomes carry a signal."""
+    return len(set(outcomes)) > 1
+
+
+def test_flight_runs_until_judged_and_accepts_groups_with_a_signal() -> None:
+    flight = Flight(request_timeout_s=10.0, has_signal=signal)
+    for request_id in ("r1", "r2", "r3"):
+        flight.sent(request_id, 2, at=0.0)
+    flight.judged_one("r1", 0, 2, 1, [[1]])
+    flight.judged_one("r1", 0, 2, 1, [[1]])  # redelivered judgement
+    assert (flight.running, flight.accepted) == (3, 0)
+    flight.judged_one("r1", 1, 2, -1, [[-1]])
+    assert (flight.running, flight.accepted) == (2, 1)  # judged, mixed outcomes: trained on
+    flight.judged_one("r2", 0, 2, -1, [[0]])
+    flight.judged_one("r2", 1, 2, -1, [[0]])
+    assert (flight.running, flight.accepted) == (1, 1)  # no signal: frees its slot, not accepted
+    flight.judged_one("r1", 1, 2, -1, [[-1]])  # after the group is done: ignored
+    assert flight.expire(now=11.0) == 1  # r3 never judged
     assert (flight.running, flight.accepted, flight.expired) == (0, 1, 1)
 
 
@@ -72,21 +88,40 @@ async def wait_records(
             await anyio.sleep(0.2)
 
 
-def judged(request: RolloutRequest, index: int) -> JudgedTrajectory:
+def judged(request: RolloutRequest, index: int, outcome: int, verdict: int) -> JudgedTrajectory:
+    """A judged one-step rollout (token ids are placeholders: the scheduler reads outcome and verdicts)."""
+    step = Step(
+        index=0,
+        prompt="p",
+        response="r",
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        behaviour_logprobs=[-0.5],
+        policy_version=0,
+    )
     trajectory = Trajectory(
         request_id=request.request_id,
         rollout_index=index,
         group_size=request.n,
         task=request.task,
-        steps=[],
-        outcome=1,
+        steps=[step],
+        outcome=outcome,  # type: ignore[arg-type]
     )
-    return JudgedTrajectory(trajectory=trajectory, steps=[], reward_version=0)
+    judgement = Judgement(
+        verdict=verdict,  # type: ignore[arg-type]
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        behaviour_logprobs=[-0.1],
+    )
+    return JudgedTrajectory(
+        trajectory=trajectory, steps=[StepJudgement(step_index=0, judgements=[judgement])], reward_version=0
+    )
 
 
 @pytest.mark.timeout(90)
 async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config: Any, tmp_path: Any) -> None:
-    # eta=0, batch_size=1: capacity = min(4 - running, (version + 1) * 1 - (accepted + running)).
+    # eta=0, batch_size=1: capacity = min(4 - running, (version + 1) * 1 - (accepted + running)),
+    # running = requests not fully judged, accepted = judged groups with a training signal.
     cfg = SchedulerConfig(
         domain="household",
         seed_tasks=3,
@@ -111,9 +146,10 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         request = first[0]
         assert request.n == 2 and request.task.task_id in {t.task_id for t in seeded}
 
-        # the group is judged: running 0, accepted 1 -> capacity (0 + 1) - 1 = 0, still one request.
-        for index in range(2):
-            await bus.send(topics.JUDGED, judged(request, index), key=request.request_id)
+        # judged, one success and one failure (R = +2, -2: a signal): running 0, accepted 1
+        # -> capacity (0 + 1) - 1 = 0, still one request.
+        await bus.send(topics.JUDGED, judged(request, 0, 1, 1), key=request.request_id)
+        await bus.send(topics.JUDGED, judged(request, 1, -1, -1), key=request.request_id)
         await anyio.sleep(1.0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
 
@@ -123,6 +159,14 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         both = await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 2)
         await anyio.sleep(1.0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 2
-        assert both[1].request_id != both[0].request_id
-        assert both[1].task.task_id != both[0].task.task_id  # least-scheduled task first
+        (second,) = [r for r in both if r.request_id != request.request_id]  # records come per partition
+        assert second.task.task_id != request.task.task_id  # least-scheduled task first
+
+        # its group is judged without a training signal (both failed, verdicts unparseable: R = -1, -1):
+        # it frees its slot, accepted stays 1 -> capacity (1 + 1) - 1 = 1 -> a third request.
+        for index in range(2):
+            await bus.send(topics.JUDGED, judged(second, index, -1, 0), key=second.request_id)
+        await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 3)
+        await anyio.sleep(1.0)
+        assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3
         shutdown.set()
