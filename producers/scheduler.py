@@ -10,7 +10,8 @@ sent whose group has not been fully judged yet, accepted = judged groups that yi
 (`algorithm.group_signals` on the group's outcomes and verdicts, as the signals stage computes them:
 what the learner trains on), version = the latest published policy version. So no trained sample
 is more than `eta` versions stale unless the learner falls behind its own batch size. A group with
-no signal (every rollout failed or every one succeeded) is never trained on, so it frees its slot
+no signal (every advantage 0: e.g. all rollouts failed and the verdicts tell no step apart) is
+never trained on, so it frees its slot
 without counting as accepted: otherwise a policy that fails everything would stall the loop at
 (eta + version + 1) * batch_size groups with the learner waiting for samples that never come.
 A request whose group is still unjudged after `request_timeout_s` (lost to the DLQ, a retired task)
