@@ -418,10 +418,26 @@ class Bus:
 
     # --- reading without a group ---
     async def read_topic(self, topic: str, *, latest_per_key: bool | None = None) -> list[Record[Any]]:
-        """Every record from the beginning up to the end as of this call, in offset order per partition.
+        """Every record from the beginning up to the end as of this call (see `iter_topic`).
 
         Compacted topics (or `latest_per_key=True`) keep only the last value per key, because Tansu
-        never compacts. Undecodable records are logged and skipped (a group consumer dead-letters them).
+        never compacts; one key lives on one partition, so offset order is the write order per key.
+        """
+        compacted = TOPICS[topic].compacted if latest_per_key is None else latest_per_key
+        records = [record async for record in self.iter_topic(topic)]
+        if compacted:
+            last: dict[str | None, Record[Any]] = {}
+            for r in records:
+                last.pop(r.key, None)
+                last[r.key] = r
+            records = list(last.values())
+        return records
+
+    async def iter_topic(self, topic: str, *, stall_timeout_s: float = 60.0) -> AsyncIterator[Record[Any]]:
+        """Stream every record from the beginning up to the end as of this call, then stop (no group).
+
+        Offset order within a partition. Undecodable records are logged and skipped (a group consumer
+        dead-letters them). TimeoutError if no progress is made for `stall_timeout_s`.
 
         Finding "the end": Tansu's ListOffsets(latest) answers the first offset of the last batch + 1,
         which is too small when the last batch holds several records, but it is 0 only for an empty
@@ -431,10 +447,8 @@ class Bus:
         watermark of the first fetch response for that partition.
         """
         physical = self.names.of(topic)
-        compacted = TOPICS[topic].compacted if latest_per_key is None else latest_per_key
         consumer = self._consumer(None)
         await consumer.start()
-        records: list[Record[Any]] = []
         try:
             partitions = sorted(consumer.partitions_for_topic(physical) or ())
             if not partitions:
@@ -445,17 +459,24 @@ class Bus:
             hints = await consumer.end_offsets(tps)
             targets: dict[TopicPartition, int | None] = {tp: None for tp in tps if hints[tp] > begins[tp]}
             await consumer.seek_to_beginning(*tps)
-            deadline = time.monotonic() + max(60.0, self.kafka.request_timeout_s)
+            deadline = time.monotonic() + stall_timeout_s
             while targets:
-                batch = await consumer.getmany(timeout_ms=500, max_records=10_000)
-                for raws in batch.values():
+                batch = await consumer.getmany(*targets, timeout_ms=500, max_records=10_000)
+                if batch:
+                    deadline = time.monotonic() + stall_timeout_s
+                for tp, raws in batch.items():
+                    end = targets.get(tp) or consumer.highwater(tp)
                     for raw in raws:
+                        if end is not None and raw.offset >= end:
+                            break  # written after this call started
                         try:
-                            records.append(self.decode(raw))
+                            record = self.decode(raw)
                         except (*codec.DecodeError, UnicodeDecodeError) as e:
                             log.warning(
-                                "read_topic skips %s[%d]@%d: %s", raw.topic, raw.partition, raw.offset, e
+                                "iter_topic skips %s[%d]@%d: %s", raw.topic, raw.partition, raw.offset, e
                             )
+                            continue
+                        yield record
                 for tp in list(targets):
                     if targets[tp] is None:
                         targets[tp] = consumer.highwater(tp)
@@ -463,16 +484,12 @@ class Bus:
                     if end is not None and await consumer.position(tp) >= end:
                         del targets[tp]
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"read_topic({physical}) did not reach the end of {sorted(targets)}")
+                    raise TimeoutError(
+                        f"iter_topic({physical}) made no progress towards the end of {sorted(targets)}"
+                    )
         finally:
-            await consumer.stop()
-        if compacted:  # one key lives on one partition, so offset order is the write order per key
-            last: dict[str | None, Record[Any]] = {}
-            for r in records:
-                last.pop(r.key, None)
-                last[r.key] = r
-            records = list(last.values())
-        return records
+            with anyio.CancelScope(shield=True):
+                await consumer.stop()
 
     async def follow_topic(
         self, topic: str, *, shutdown: anyio.Event | None = None
