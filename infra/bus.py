@@ -247,7 +247,18 @@ class Bus:
             max_request_size=self.kafka.max_message_bytes,
             request_timeout_ms=int(self.kafka.request_timeout_s * 1000),
         )
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except KafkaError as e:
+            with anyio.CancelScope(shield=True):
+                await self._producer.stop()
+            self._producer = None
+            if self.kafka.idempotent_producer:
+                raise FatalError(
+                    f"kafka.idempotent_producer is on but the broker refused InitProducerId ({e}); "
+                    "Tansu does not support it from aiokafka: set kafka.idempotent_producer = false"
+                ) from e
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

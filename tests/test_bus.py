@@ -393,5 +393,36 @@ def traj() -> ev.Trajectory:
     return ev.Trajectory(request_id="r", rollout_index=0, group_size=1, task=spec, steps=[step], outcome=1)
 
 
+def test_security_settings_reach_the_client() -> None:
+    """SASL cannot be exercised on this Tansu build (FACTS): check the wiring handed to aiokafka."""
+    from infra.bus import client_options, consumer_options
+
+    kafka = KafkaConfig(
+        bootstrap="k1:9093,k2:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="forge",
+        sasl_password="secret",
+        session_timeout_s=20,
+    )
+    opts = client_options(kafka)
+    assert opts["security_protocol"] == "SASL_SSL" and opts["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert (opts["sasl_plain_username"], opts["sasl_plain_password"]) == ("forge", "secret")
+    assert opts["ssl_context"] is not None and opts["bootstrap_servers"] == "k1:9093,k2:9093"
+    consumer = consumer_options(kafka, "g")
+    assert consumer["enable_auto_commit"] is False and consumer["session_timeout_ms"] == 20_000
+    assert consumer["request_timeout_ms"] > consumer["session_timeout_ms"]
+    assert "sasl_mechanism" not in client_options(KafkaConfig())
+
+
+async def test_idempotent_producer_on_tansu_is_a_clear_error(kafka_config: KafkaConfig) -> None:
+    if os.environ.get("FORGESTREAM_TEST_BOOTSTRAP"):
+        pytest.skip("real Kafka accepts idempotent producers")
+    kafka = msgspec.structs.replace(kafka_config, idempotent_producer=True)
+    with pytest.raises(FatalError, match="idempotent_producer = false"):
+        async with Bus(kafka, role="test"):
+            pass
+
+
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "worker":
     worker_main(*sys.argv[2:])
