@@ -80,7 +80,8 @@ def client_options(kafka: KafkaConfig) -> dict[str, Any]:
 def consumer_options(kafka: KafkaConfig, group: str | None) -> dict[str, Any]:
     session_ms = int(kafka.session_timeout_s * 1000)
     return client_options(kafka) | {
-        "group_id": group,
+        # The topic prefix namespaces groups too: two runs sharing a cluster never share "actors".
+        "group_id": None if group is None else kafka.topic_prefix + group,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "session_timeout_ms": session_ms,

@@ -169,22 +169,46 @@ def status(
     config: ConfigOpt = None,
     bootstrap: BootstrapOpt = None,
     topic_prefix: PrefixOpt = None,
+    workdir: Annotated[
+        Path | None, typer.Option(help="A run folder of `up` (its broker is started if stopped and durable).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Topics, message counts, consumer groups, members, lag and dead letters."""
+    """Run figures (versions, success, tasks, variants), topics, groups, lag and dead letters."""
     import anyio
 
-    from infra.status import collect_status, render
+    from infra.status import collect_status, render, render_figures
+    from infra.target import kafka_for, read_progress
 
-    kafka = kafka_from(config, bootstrap, topic_prefix)
-    require_broker(kafka)
-    result = anyio.run(collect_status, kafka)
+    cfg = build_config(config, {"kafka.topic_prefix": topic_prefix})
+    if workdir is None:
+        kafka = cfg.kafka if bootstrap is None else kafka_from(config, bootstrap, topic_prefix)
+        require_broker(kafka)
+
+    async def main() -> dict[str, Any]:
+        async with kafka_for(cfg.kafka, bootstrap=bootstrap, workdir=workdir) as kafka:
+            cluster = await collect_status(kafka)
+            progress = await read_progress(kafka)
+        lag = {g["group"]: g["total_lag"] for g in cluster["groups"]}
+        return progress.snapshot(lag=lag) | {"cluster": cluster}
+
+    try:
+        result = anyio.run(main)
+    except BrokerError as e:
+        # An ephemeral run keeps no broker data; its last figures are in the report folder.
+        summary = workdir / "report" / "summary.json" if workdir is not None else None
+        if summary is None or not summary.is_file():
+            fail(str(e))
+        result = json.loads(summary.read_text()) | {"stopped": True}
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
         from rich.console import Console
 
-        Console().print(render(result))
+        console = Console()
+        console.print(render_figures(result))
+        if "cluster" in result:
+            console.print(render(result["cluster"]))
 
 
 @app.command()

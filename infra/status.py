@@ -108,6 +108,8 @@ async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
             )
         group_rows = []
         for gid in sorted(g[0] for g in await admin.list_consumer_groups()):
+            if not gid.startswith(kafka.topic_prefix):
+                continue  # group ids carry the run's topic prefix (see infra.bus.consumer_options)
             committed = await admin.list_consumer_group_offsets(gid, partitions=tps) if tps else {}
             # a group consumes a topic when it committed on any of its partitions; on the others it
             # starts from the beginning (auto_offset_reset=earliest), so their lag is the whole partition
@@ -124,7 +126,7 @@ async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
             if not lag and kafka.topic_prefix:
                 continue  # no commit on this run's topics: a group of another run sharing the cluster
             group_rows.append(
-                {"group": gid} | await _describe(admin, gid) | {"lag": lag, "total_lag": sum(lag.values())}
+                {"group": gid.removeprefix(kafka.topic_prefix)} | await _describe(admin, gid) | {"lag": lag, "total_lag": sum(lag.values())}
             )
         dlq = names.of(DLQ)
         return {
@@ -156,3 +158,20 @@ def render(status: dict[str, Any]) -> Any:
         detail = ", ".join(f"{t}: {n}" for t, n in sorted(g["lag"].items()))
         groups.add_row(g["group"], g["state"], str(len(g["members"])), f"{g['total_lag']} ({detail})")
     return Group(topics, groups, f"dead letters: {status['dead_letters']}")
+
+
+def render_figures(figures: dict[str, Any]) -> Any:
+    """A rich table of the run figures (`Progress.snapshot`, as `status --json` prints them)."""
+    from rich.table import Table
+
+    table = Table(
+        title="run" + (" (stopped; last snapshot)" if figures.get("stopped") else ""), show_header=False
+    )
+    table.add_column("figure", style="bold")
+    table.add_column("value")
+    for key, value in figures.items():
+        if key in ("cluster", "stopped"):
+            continue
+        shown = ", ".join(f"{g}: {n}" for g, n in value.items()) if isinstance(value, dict) else str(value)
+        table.add_row(key, shown)
+    return table

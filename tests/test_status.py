@@ -76,6 +76,8 @@ async def test_status_counts_lag_and_dead_letters(kafka_config: KafkaConfig) -> 
     )
     assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)
-    assert status["dead_letters"] == 1
-    (group,) = status["groups"]
+    # run figures folded from the topics, then the cluster view
+    assert status["dlq"] == 1 and status["lag"] == {"readers": 0}
+    assert status["cluster"]["dead_letters"] == 1
+    (group,) = status["cluster"]["groups"]
     assert group["lag"] == {physical: 0}

@@ -1,0 +1,219 @@
+"""End to end through the CLI: `forgestream up` runs the closed loop; a second actor adds capacity;
+replay retrains the reward model from the topics; status reports the run; bad input fails fast.
+
+Everything is real: the embedded Tansu broker, every role as its own process, tiny models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.bus import Bus
+from schemas import topics
+from schemas.config import KafkaConfig
+from tests.conftest import run_sync
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "infra.cli"]
+
+# Small but complete: every role, the paper's m=3 verdicts, groups of 4 on 8 seed tasks.
+E2E_CONFIG = """
+[kafka]
+session_timeout_s = 6.0
+heartbeat_interval_s = 0.5
+
+[policy_model]
+bootstrap_sft_seconds = 10.0
+
+[reward_model]
+bootstrap_sft_seconds = 10.0
+max_new_tokens = 24
+
+[scheduler]
+seed_tasks = 8
+rollouts_per_task = 4
+max_concurrent_requests = 24
+eta = 6
+
+[actor]
+parallel_episodes = 8
+
+[policy_learner]
+batch_samples = 16
+lr = 5e-4
+eta = 6
+
+[reward_learner]
+batch_samples = 32
+eta = 6
+"""
+
+
+def env_for_tests() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("FORGESTREAM_HOME", str(ROOT / ".cache" / "forgestream"))
+    env |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    return {k: v for k, v in env.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"}
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def trajectories_by_actor(kafka: KafkaConfig) -> list[tuple[float, str]]:
+    async def read() -> list[tuple[float, str]]:
+        async with Bus(kafka, role="e2e-probe") as bus:
+            records = await bus.read_topic(topics.TRAJECTORIES)
+        return [(r.timestamp_ms / 1000.0, r.value.actor_id) for r in records]
+
+    return run_sync(read())
+
+
+def rate(stamps: list[float], start: float, end: float) -> float:
+    return sum(start <= t < end for t in stamps) / (end - start)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_up_closed_loop_scales_replays_and_reports(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    config = tmp_path / "e2e.toml"
+    config.write_text(E2E_CONFIG)
+    env = env_for_tests()
+    up_log = open(tmp_path / "up.log", "wb")
+    up = subprocess.Popen(
+        [*CLI, "up", "--ephemeral", "--minutes", "3", "--workdir", str(workdir), "--config", str(config)],
+        cwd=ROOT, env=env, stdout=up_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    second_actor = None
+    try:
+        info = wait_for(
+            lambda: (workdir / "broker.json").is_file() and json.loads((workdir / "broker.json").read_text()),
+            600, "the broker of `up`",
+        )  # fmt: skip
+        kafka = KafkaConfig(bootstrap=info["bootstrap"], session_timeout_s=6.0)
+
+        # --- one actor: wait for the loop to turn, then measure its rollout throughput ---
+        first = wait_for(lambda: trajectories_by_actor(kafka), 300, "the first trajectory")
+        t0 = max(t for t, _ in first)
+        time.sleep(40)
+        t1 = time.time()
+        before = rate([t for t, _ in trajectories_by_actor(kafka)], t0, t1)
+
+        # --- a second actor process joins the group on the same broker ---
+        second_actor = subprocess.Popen(
+            [*CLI, "run", "actor", "--bootstrap", info["bootstrap"], "--workdir", str(workdir), "--config", str(config)],
+            cwd=ROOT, env=env, stdout=open(tmp_path / "actor2.log", "wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        pid_tag = f"-{second_actor.pid}-"
+        joined = wait_for(
+            lambda: [t for t, a in trajectories_by_actor(kafka) if pid_tag in a],
+            120,
+            "the second actor's first rollout",
+        )
+        t2 = min(joined)
+        time.sleep(40)
+        t3 = time.time()
+        stamps = trajectories_by_actor(kafka)
+        after = rate([t for t, _ in stamps], t2, t3)
+        by_second = sum(pid_tag in a for _, a in stamps)
+        assert by_second > 0, "the second actor got no partitions"
+        assert after > before, f"throughput did not rise with a second actor: {before:.3f}/s -> {after:.3f}/s"
+
+        # --- replay: rebuild reward-model samples from the judged topic and train a version ---
+        replay_out = tmp_path / "replay"
+        done = subprocess.run(
+            [*CLI, "replay", "--bootstrap", info["bootstrap"], "--workdir", str(workdir), "--config", str(config),
+             "--out", str(replay_out), "--train-reward-model", "--since", "2000-01-01T00:00:00Z"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = json.loads(done.stdout[done.stdout.index("{") :])
+        assert summary["groups_complete"] >= 1 and summary["reward_samples"] > 0
+        assert summary["optimizer_steps"] >= 1
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(summary["model_dir"])  # a plain HF folder, usable elsewhere
+
+        assert up.wait(timeout=400) == 0, (tmp_path / "up.log").read_text()[-3000:]
+    finally:
+        for proc in (second_actor, up):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    # --- status of the stopped (ephemeral) run: the last snapshot `up` wrote ---
+    status = subprocess.run(
+        [*CLI, "status", "--workdir", str(workdir), "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert status.returncode == 0, status.stderr
+    figures = json.loads(status.stdout)
+    assert figures["policy_version"] >= 3, figures
+    assert figures["reward_version"] >= 2, figures
+    assert figures["trajectories"] > 0 and figures["samples_trained"] > 0, figures
+    assert figures["task_events"] >= 1, figures
+    assert (workdir / "report" / "index.html").is_file()
+
+
+def test_role_with_unreachable_broker_fails_fast() -> None:
+    start = time.monotonic()
+    done = subprocess.run(
+        [*CLI, "run", "actor", "--bootstrap", "127.0.0.1:1"], cwd=ROOT, env=env_for_tests(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "127.0.0.1:1" in done.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[actor]\nparallel_episodes = 0\n")
+    done = subprocess.run(
+        [*CLI, "run", "actor", "--bootstrap", broker.bootstrap, "--config", str(bad)], cwd=ROOT,
+        env=env_for_tests(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "actor.parallel_episodes" in done.stderr
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[judge]\nverdicts = 3\n")
+    done = subprocess.run(
+        [*CLI, "up", "--ephemeral", "--minutes", "1", "--config", str(unknown), "--workdir", str(tmp_path / "w")],
+        cwd=ROOT, env=env_for_tests(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "verdicts" in done.stderr and "judge" in done.stderr
+
+
+def test_help_is_instant_and_lists_every_command() -> None:
+    start = time.monotonic()
+    done = subprocess.run([*CLI, "--help"], cwd=ROOT, env=env_for_tests(), capture_output=True, text=True)
+    assert done.returncode == 0
+    for command in ("up", "broker", "topics", "run", "status", "replay", "report", "bench"):
+        assert command in done.stdout
+    assert time.monotonic() - start < 15
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, infra.cli; infra.cli._register_command_modules(); print('torch' in sys.modules)"],
+        cwd=ROOT, env=env_for_tests(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "False", "importing the CLI must not import torch"
