@@ -59,6 +59,7 @@ class UpOptions:
     updates: int | None
     actors: int
     live: bool
+    judges: int = 1
     max_restarts: int = 3
     grace_s: float = 20.0
     env: dict[str, str] = field(default_factory=dict)  # config overrides handed to every role
@@ -184,7 +185,8 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
             env["FORGESTREAM_CONFIG"] = str(Path(options.config_path).resolve())
         procs: list[RoleProcess] = []
         for role in ROLE_ORDER:
-            for i in range(options.actors if role == "actor" else 1):
+            copies = {"actor": options.actors, "judge": options.judges}.get(role, 1)
+            for i in range(copies):
                 procs.append(
                     RoleProcess(role, i, workdir / "logs" / f"{role}{'' if i == 0 else f'-{i}'}.log")
                 )

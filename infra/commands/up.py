@@ -28,6 +28,7 @@ def up(
         str | None, typer.Option(help="Reward-model preset (defaults to the config's).")
     ] = None,
     actors: Annotated[int, typer.Option(min=1, max=64, help="Actor processes to start.")] = 1,
+    judges: Annotated[int, typer.Option(min=1, max=64, help="Judge processes to start.")] = 1,
     live: Annotated[
         bool | None, typer.Option(help="Live table (default: when stdout is a terminal).")
     ] = None,
@@ -64,6 +65,7 @@ def up(
         minutes=minutes,
         updates=updates,
         actors=actors,
+        judges=judges,
         live=sys.stdout.isatty() if live is None else live,
         env=env,
     )
