@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file
 
 COMPLETE = "COMPLETE"
 PREFIX = "step-"
@@ -90,7 +90,7 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
+    save_file(model_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
     (tmp / "state.json").write_bytes(msgspec.json.encode(state))
     for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
@@ -127,10 +127,32 @@ def load_state(path: Path) -> LearnerState:
     return msgspec.json.decode((path / "state.json").read_bytes(), type=LearnerState)
 
 
+def _aliases(model: torch.nn.Module) -> tuple[list[str], set[str]]:
+    """State-dict names to store (first name of each tensor) and the aliases of tied weights."""
+    keep, aliases, seen = [], set(), set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            aliases.add(name)
+        else:
+            seen.add(id(value))
+            keep.append(name)
+    return keep, aliases
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Own copies of the model's tensors, tied weights once. (ZeRO-1/2 turn parameters into views
+    of one flat buffer, which safetensors rightly refuses to save as is.)"""
+    keep, _ = _aliases(model)
+    state = model.state_dict()
+    return {name: state[name].detach().clone().contiguous() for name in keep}
+
+
 def load_model_weights(path: Path, model: torch.nn.Module) -> None:
-    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=True)
-    if missing or unexpected:  # pragma: no cover - strict=True raises first
-        raise RuntimeError(f"checkpoint {path} does not fit the model: {missing=} {unexpected=}")
+    result = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    _, aliases = _aliases(model)
+    missing = set(result.missing_keys) - aliases
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"checkpoint {path} does not fit the model: {missing=} {result.unexpected_keys=}")
 
 
 def load_optimizer_tensors(path: Path) -> dict[str, torch.Tensor]:

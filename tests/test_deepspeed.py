@@ -155,3 +155,59 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@pytest.mark.deepspeed
+async def test_policy_role_on_deepspeed_restarts_from_checkpoint(tmp_path: Path, kafka_config) -> None:
+    """The policy learner role with engine = "deepspeed" (ZeRO-2): trains, publishes, checkpoints;
+    after kill -9 it restores model + optimizer into a fresh DeepSpeed engine and continues."""
+    import msgspec
+
+    from learners import checkpoint as ckpt
+    from schemas import topics
+    from tests.test_learners import (
+        lineage_keys,
+        read_values,
+        role_config,
+        sample_batch,
+        send_batches,
+        start_learner,
+        wait_for,
+    )
+
+    config = role_config(tmp_path, kafka_config, engine="deepspeed", zero_stage=2, eta=100)
+    root = Path(config.workdir) / "checkpoints" / "policy"
+    config_path, log = tmp_path / "config.json", tmp_path / "learner.log"
+    config_path.write_bytes(msgspec.json.encode(config))
+    procs = [start_learner(config_path, log)]
+    try:
+        await send_batches(kafka_config, [sample_batch("d0", 4), sample_batch("d1", 4)])
+        await wait_for(
+            lambda: (c := ckpt.latest_checkpoint(root)) and c.name == "step-00000002", 120, "2 steps"
+        )
+        procs[0].kill()
+        procs[0].wait(10)
+        procs.append(start_learner(config_path, log))
+        await send_batches(kafka_config, [sample_batch("d2", 4)])
+        await wait_for(
+            lambda: (c := ckpt.latest_checkpoint(root)) and c.name == "step-00000003", 120, "3rd step"
+        )
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    keys = lineage_keys(root)
+    assert len(keys) == len(set(keys)) == 12, keys
+    events = [w for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
+    assert [w.version for w in events] == [0, 1, 2, 3]
+    # the published v3 (plain HF folder) holds exactly the checkpointed weights
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    published = AutoModelForCausalLM.from_pretrained(events[-1].uri).state_dict()
+    saved = load_file(str(ckpt.latest_checkpoint(root) / "model.safetensors"))
+    assert all(torch.equal(published[n], t) for n, t in saved.items())
+    state = ckpt.load_state(ckpt.latest_checkpoint(root))
+    assert state.optimizer_step == 3 and state.version == 3
+    assert "restored_step" in (root / "journal.jsonl").read_text()

@@ -376,3 +376,45 @@ async def test_kill9_between_checkpoints_then_restart(tmp_path: Path, kafka_conf
     assert weights == [0, 1, 2, 3, 4, 5, 6]  # versions continue after the restart (v3 kept its number)
     state = ckpt.load_state(ckpt.latest_checkpoint(root))
     assert state.version == 6 and sorted(state.trained_keys) == all_keys and not state.pending
+
+
+async def test_reward_role_trains_on_reward_samples(tmp_path: Path, kafka_config) -> None:
+    from infra.bus import Bus
+    from learners import reward
+    from schemas import topics
+    from schemas.config import ModelConfig
+    from schemas.events import RewardSample, RewardSampleBatch
+
+    base = role_config(tmp_path, kafka_config)
+    model = ModelConfig(preset=base.policy_model.preset, temperature=0.8)
+    config = msgspec_replace(base, reward_model=model, reward_learner=base.policy_learner)
+    root = Path(config.workdir) / "checkpoints" / "reward"
+    samples = [
+        RewardSample(
+            sample_key=f"j0/0/{s.key}",
+            prompt_token_ids=s.prompt_ids,
+            response_token_ids=s.response_ids,
+            behaviour_logprobs=s.behaviour_logprobs,
+            reward_version=0,
+            advantage=s.advantage,
+            reward=s.advantage,
+        )
+        for s in fixed_batch(4)
+    ]
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: reward.run(config, shutdown=shutdown))
+        async with Bus(kafka_config, role="test") as bus:
+            await bus.send(
+                topics.SAMPLES_REWARD, RewardSampleBatch(request_id="j0", samples=samples), key="j0"
+            )
+        await wait_for(lambda: len(ckpt.read_lineage(root)) == 1, 60, "a reward-model step")
+        shutdown.set()
+    weights = [w for w in await read_values(kafka_config, topics.WEIGHTS)]
+    assert [(w.model, w.version) for w in weights] == [("reward", 0), ("reward", 1)]
+
+
+def msgspec_replace(struct, **changes):
+    import msgspec
+
+    return msgspec.structs.replace(struct, **changes)
