@@ -268,6 +268,17 @@ async def wait_for(predicate, timeout_s: float, what: str):
     raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+async def wait_for_version(kafka_config, version: int, timeout_s: float) -> None:
+    from schemas import topics
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(w.version >= version for w in await read_values(kafka_config, topics.WEIGHTS)):
+            return
+        await anyio.sleep(0.2)
+    raise TimeoutError(f"version {version} not published within {timeout_s}s")
+
+
 def lineage_keys(root: Path) -> list[str]:
     return [k for e in ckpt.read_lineage(root) for k in e["keys"]]
 
@@ -355,6 +366,7 @@ async def test_kill9_between_checkpoints_then_restart(tmp_path: Path, kafka_conf
         await send_batches(kafka_config, first)
         # steps 1-3 -> versions 1-3; checkpoints at versions 2 and 4: v3 is published, not checkpointed
         await wait_for(lambda: len(ckpt.read_lineage(root)) >= 3, 120, "three steps before the kill")
+        await wait_for_version(kafka_config, 3, 30)  # announced on forge.weights, not just in the store
         assert ckpt.latest_checkpoint(root).name == "step-00000002"
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(10)
