@@ -114,11 +114,15 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)))
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint; leftovers of interrupted writes are removed."""
+def remove_leftovers(root: Path) -> None:
+    """Delete folders of interrupted writes (call at start-up, when this process is the only writer)."""
     if root.is_dir():
         for leftover in root.glob(".tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint (read-only: safe to call while a learner writes)."""
     found = complete_checkpoints(root)
     return found[-1] if found else None
 

