@@ -431,3 +431,27 @@ def msgspec_replace(struct, **changes):
     import msgspec
 
     return msgspec.structs.replace(struct, **changes)
+
+
+async def test_role_with_lora_and_two_minibatches(tmp_path: Path, kafka_config) -> None:
+    """LoRA adapters + two optimizer steps per batch: two versions per batch, merged weights published."""
+    from transformers import AutoModelForCausalLM
+
+    from learners import policy
+    from schemas import topics
+
+    config = role_config(tmp_path, kafka_config, lora_rank=4, minibatches=2)
+    root = Path(config.workdir) / "checkpoints" / "policy"
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
+        await send_batches(kafka_config, [sample_batch("l0", 4)])
+        await wait_for(lambda: len(ckpt.read_lineage(root)) == 2, 60, "two minibatch steps")
+        shutdown.set()
+    assert [len(e["keys"]) for e in ckpt.read_lineage(root)] == [2, 2]
+    weights = [w for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
+    assert [w.version for w in weights] == [0, 1, 2]
+    v0 = AutoModelForCausalLM.from_pretrained(weights[0].uri).state_dict()
+    v2 = AutoModelForCausalLM.from_pretrained(weights[-1].uri).state_dict()
+    assert set(v0) == set(v2)  # plain HF names: adapters merged
+    assert any(not torch.equal(v0[n], v2[n]) for n in v0 if "q_proj" in n)
