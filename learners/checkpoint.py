@@ -49,6 +49,7 @@ class LearnerState(msgspec.Struct, kw_only=True):
     pending: list[TrainSample] = []  # consumed (offsets include them) but not yet trained
     dropped_stale: int = 0
     duplicates: int = 0
+    samples_trained: int = 0  # cumulative over restarts (status: samples_trained)
 
 
 def offsets_to_state(offsets: dict[tuple[str, int], int]) -> dict[str, int]:

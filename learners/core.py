@@ -3,7 +3,7 @@
 Consumes: sample batches (PolicySampleBatch / RewardSampleBatch) from one topic, group-consumed.
 Produces: WeightsPublished on forge.weights (key = model name; bytes in the weight store),
           metrics learner/<name>/{version,loss,kl,clip_fraction,tokens_per_s,grad_norm,dropped_stale,
-          duplicates} and `staleness` (mean over the samples of a step, label model=<name>).
+          duplicates,samples_trained} and `staleness` (mean over the samples of a step, label model=<name>).
 Loop: consume -> dedupe by sample_key -> drop samples older than version - eta -> pack micro-batches
 by token budget -> proximal logprobs (no grad) -> algorithm.policy_loss -> AdamW step -> every
 `publish_every` steps a new version; every `checkpoint_every` versions a checkpoint first, then the
@@ -284,6 +284,7 @@ class Learner:
             self.pending = [s for s in self.pending if s.key not in keys]
             self.trained.extend(stats.keys)
             self.state.optimizer_step += 1
+            self.state.samples_trained += len(part)
             self.dirty = True
             outcome = StepOutcome(stats=stats, version=self.state.version)
             if self.state.optimizer_step % self.cfg.publish_every == 0:
@@ -364,6 +365,7 @@ async def run_learner(config: RunConfig, spec: LearnerSpec, *, shutdown: anyio.E
                         break
                     for outcome in await anyio.to_thread.run_sync(learner.train_batch):
                         await _report(bus, consumer, name, outcome)
+                        await bus.metric(f"learner/{name}/samples_trained", learner.state.samples_trained)
             if learner.dirty:  # graceful stop: keep the progress and the consumed-but-untrained samples
                 offsets = await anyio.to_thread.run_sync(learner.checkpoint)
                 await consumer.commit(offsets)
