@@ -205,3 +205,20 @@ def test_smollm2_preset_converts_gguf_once_to_safetensors(tmp_path):
     out = b.generate(["What is 2 + 3? Answer with \\boxed{n}."], temperature=0.0, max_tokens=24)[0][0]
     assert "5" in out.text and out.version == 0
     assert b.tokenizer.decode(out.prompt_token_ids).startswith("<|im_start|>")  # chat template applied
+
+
+@pytest.mark.slow
+def test_default_tiny_policy_starts_between_0_2_and_0_8_on_easy_household():
+    from infra.models.bootstrap import success_rate
+
+    config = ModelConfig()  # the default bootstrap length
+    b = load_backend(config, role="policy", workdir=WORKDIR)
+    rate = success_rate(
+        b,
+        "household",
+        difficulty=0,
+        episodes=64,
+        temperature=config.temperature,
+        max_tokens=config.max_new_tokens,
+    )
+    assert 0.2 <= rate <= 0.8, rate
