@@ -104,7 +104,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "dtype": "float32",
-        "machine": f"{os.cpu_count()} CPUs shared with other jobs; torch threads 1",
+        "machine": f"{os.cpu_count()} CPUs shared with other jobs; torch threads 1; vLLM binds its own OMP cores",
         "transformers": transformers_result,
         "vllm_cpu": vllm_result,
         "speedup_vllm_over_transformers": vllm_result["tokens_per_s"] / transformers_result["tokens_per_s"],
