@@ -277,4 +277,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m infra.cli` runs this file as __main__, a second copy of the module; command modules
+    # register on `infra.cli.app`, so hand over to the imported one.
+    from infra.cli import main as imported_main
+
+    imported_main()
