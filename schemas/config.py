@@ -179,7 +179,10 @@ class RunConfig(Config, frozen=True, kw_only=True):
     workdir: str = ".work/run"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     policy_model: ModelConfig = field(default_factory=ModelConfig)
-    reward_model: ModelConfig = field(default_factory=lambda: ModelConfig(temperature=0.8, max_new_tokens=24))
+    reward_model: ModelConfig = field(
+        default_factory=lambda: ModelConfig(temperature=0.8, max_new_tokens=24, bootstrap_sft_seconds=30.0)
+    )
+    """30 s (50 steps): tiny RM verdicts 0.58 right sampled / 0.63 greedy; 13.2 leaves 62 % unparseable."""
     store: StoreConfig = field(default_factory=StoreConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
