@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,36 +30,12 @@ import msgspec
 from envs import get_environment, parse_boxed
 from envs.base import Environment
 from infra.bus import Bus, Record
+from infra.taskpool import TaskPool
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import CriticFeedback, TaskEvent, TaskSpec
 
 log = logging.getLogger("forgestream.env_model")
-
-
-# --- task pool ---------------------------------------------------------------------------------
-@dataclass
-class TaskPool:
-    """Last value per task_id (an older version never overwrites a newer one)."""
-
-    tasks: dict[str, TaskSpec] = field(default_factory=dict)
-
-    def update(self, task: TaskSpec) -> None:
-        current = self.tasks.get(task.task_id)
-        if current is None or task.version >= current.version:
-            self.tasks[task.task_id] = task
-
-    def live_signatures(self) -> set[str]:
-        return {t.signature for t in self.tasks.values() if t.status in ("active", "pending") and t.signature}
-
-    def eligible(self, task_id: str) -> TaskSpec | None:
-        """The task if it is active and has no pending child, else None."""
-        task = self.tasks.get(task_id)
-        if task is None or task.status != "active":
-            return None
-        if any(t.parent_id == task_id and t.status == "pending" for t in self.tasks.values()):
-            return None
-        return task
 
 
 # --- proposing -----------------------------------------------------------------------------------

@@ -508,7 +508,9 @@ class Bus:
     ) -> AsyncIterator[Record[Any]]:
         """Every record from the beginning, then new ones as they arrive, until `shutdown` is set."""
         physical = self.names.of(topic)
-        consumer = self._consumer(None)
+        # Followers wait on rare, latency-sensitive events (a new weights version): a short broker
+        # long-poll makes a publish reach every follower in tens of ms instead of ~250 ms.
+        consumer = AIOKafkaConsumer(**(consumer_options(self.kafka, None) | {"fetch_max_wait_ms": 20}))
         await consumer.start()
         try:
             partitions = sorted(consumer.partitions_for_topic(physical) or ())

@@ -126,7 +126,9 @@ async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
             if not lag and kafka.topic_prefix:
                 continue  # no commit on this run's topics: a group of another run sharing the cluster
             group_rows.append(
-                {"group": gid.removeprefix(kafka.topic_prefix)} | await _describe(admin, gid) | {"lag": lag, "total_lag": sum(lag.values())}
+                {"group": gid.removeprefix(kafka.topic_prefix)}
+                | await _describe(admin, gid)
+                | {"lag": lag, "total_lag": sum(lag.values())}
             )
         dlq = names.of(DLQ)
         return {

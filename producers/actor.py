@@ -193,9 +193,15 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 running[request.request_id] = request_run
                 waiting.extend((request_run, i) for i in range(request.n))
 
+        seen_assignment: set[tuple[str, int]] = set()
+
         def drop_revoked(consumer: Any) -> None:
             """Stop work on requests whose partition moved to another actor (it redelivers them)."""
             assigned = consumer.assignment()
+            if assigned != seen_assignment:
+                seen_assignment.clear()
+                seen_assignment.update(assigned)
+                log.info("actor: assigned partitions %s", sorted(p for _, p in assigned))
             lost = [r for r in running.values() if (r.record.topic, r.record.partition) not in assigned]
             for request_run in lost:
                 del running[request_run.request.request_id]

@@ -33,6 +33,7 @@ from algorithm import capacity, group_signals
 from envs import get_environment
 from envs.base import Environment
 from infra.bus import Bus
+from infra.taskpool import TaskPool
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, WeightsPublished
@@ -40,25 +41,7 @@ from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, WeightsPu
 log = logging.getLogger("forgestream.scheduler")
 
 
-# --- task pool ---------------------------------------------------------------------------------
-@dataclass
-class TaskPool:
-    """Last value per task_id from the compacted tasks topic (an older version never overwrites)."""
-
-    tasks: dict[str, TaskSpec] = field(default_factory=dict)
-
-    def update(self, task: TaskSpec) -> None:
-        current = self.tasks.get(task.task_id)
-        if current is None or task.version >= current.version:
-            self.tasks[task.task_id] = task
-
-    def schedulable(self) -> list[TaskSpec]:
-        return [t for t in self.tasks.values() if t.status in ("active", "pending")]
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-
+# --- seeding and picking ------------------------------------------------------------------------
 def seed_tasks(env: Environment, count: int, difficulty: int, rng: random.Random) -> list[TaskSpec]:
     """`count` distinct tasks (by signature) at `difficulty`; deterministic in rng."""
     tasks: list[TaskSpec] = []

@@ -71,3 +71,15 @@ def kafka_config(broker: Broker | ExternalBroker) -> KafkaConfig:
     )
     run_sync(create_topics(config))
     return config
+
+
+async def wait_records(bus: Any, topic: str, ok: Any, *, timeout: float = 60.0) -> list[Any]:
+    """Values on `topic` once `ok(values)` holds (re-read from the start until then)."""
+    import anyio
+
+    with anyio.fail_after(timeout):
+        while True:
+            values = [r.value for r in await bus.read_topic(topic)]
+            if ok(values):
+                return values
+            await anyio.sleep(0.2)

@@ -19,6 +19,7 @@ from producers.actor import OffsetTracker
 from schemas import topics
 from schemas.config import ActorConfig, ModelConfig, RunConfig, SchedulerConfig
 from schemas.events import RolloutRequest, Trajectory
+from tests.conftest import wait_records
 
 POLICY = ModelConfig(bootstrap_sft_seconds=5, max_new_tokens=12)
 
@@ -56,15 +57,6 @@ def test_offsets_commit_only_past_a_done_prefix_and_never_backwards() -> None:
 
 
 # --- run() against the broker --------------------------------------------------------------------
-async def wait_records(
-    bus: Bus, topic: str, ok: Callable[[list[Any]], bool], *, timeout: float = 60.0
-) -> list[Any]:
-    with anyio.fail_after(timeout):
-        while True:
-            values = [r.value for r in await bus.read_topic(topic)]
-            if ok(values):
-                return values
-            await anyio.sleep(0.2)
 
 
 def check_trajectories(trajectories: list[Trajectory], n: int, version: int, max_steps: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -13,12 +12,14 @@ import msgspec
 import pytest
 
 from consumers import env_model
-from consumers.env_model import TaskPool, candidates, choose, solvable
+from consumers.env_model import candidates, choose, solvable
 from envs import get_environment
 from infra.bus import Bus
+from infra.taskpool import TaskPool
 from schemas import topics
 from schemas.config import EnvModelConfig, ModelConfig, RunConfig
 from schemas.events import TaskEvent, TaskSpec
+from tests.conftest import wait_records
 
 ENV = get_environment("household")
 
@@ -86,15 +87,6 @@ def test_choose_reads_the_boxed_index_and_falls_back_to_the_first() -> None:
 
 
 # --- run() against the broker --------------------------------------------------------------------
-async def wait_records(
-    bus: Bus, topic: str, ok: Callable[[list[Any]], bool], *, timeout: float = 30.0
-) -> list[Any]:
-    with anyio.fail_after(timeout):
-        while True:
-            values = [r.value for r in await bus.read_topic(topic)]
-            if ok(values):
-                return values
-            await anyio.sleep(0.2)
 
 
 @pytest.mark.timeout(90)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from infra.models.types import Completion
 from schemas import topics
 from schemas.config import JudgeConfig, ModelConfig, RunConfig
 from schemas.events import JudgedTrajectory, Step, Trajectory
+from tests.conftest import wait_records
 
 REWARD = ModelConfig(bootstrap_sft_seconds=5, max_new_tokens=16)
 ENV = get_environment("household")
@@ -122,15 +122,6 @@ def test_code_domain_scores_the_reward_models_unit_tests() -> None:
 
 
 # --- run() against the broker --------------------------------------------------------------------
-async def wait_records(
-    bus: Bus, topic: str, ok: Callable[[list[Any]], bool], *, timeout: float = 60.0
-) -> list[Any]:
-    with anyio.fail_after(timeout):
-        while True:
-            values = [r.value for r in await bus.read_topic(topic)]
-            if ok(values):
-                return values
-            await anyio.sleep(0.2)
 
 
 @pytest.mark.timeout(120)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
 
 from infra.bus import Bus
+from infra.taskpool import TaskPool
 from producers import scheduler
-from producers.scheduler import Flight, TaskPool, pick_tasks
+from producers.scheduler import Flight, pick_tasks
 from schemas import topics
 from schemas.config import RunConfig, SchedulerConfig
 from schemas.events import (
@@ -25,6 +25,7 @@ from schemas.events import (
     Trajectory,
     WeightsPublished,
 )
+from tests.conftest import wait_records
 
 
 def task(task_id: str, status: str = "active", version: int = 0) -> TaskSpec:
@@ -76,16 +77,6 @@ def test_pick_tasks_puts_unscheduled_pending_first_then_spreads() -> None:
 
 
 # --- run() against the broker --------------------------------------------------------------------
-async def wait_records(
-    bus: Bus, topic: str, ok: Callable[[list[Any]], bool], *, timeout: float = 30.0
-) -> list[Any]:
-    """Values on `topic` once `ok(values)` holds (re-read from the start until then)."""
-    with anyio.fail_after(timeout):
-        while True:
-            values = [r.value for r in await bus.read_topic(topic)]
-            if ok(values):
-                return values
-            await anyio.sleep(0.2)
 
 
 def judged(request: RolloutRequest, index: int, outcome: int, verdict: int) -> JudgedTrajectory:
