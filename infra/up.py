@@ -139,6 +139,7 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
     from infra.progress import PROGRESS_TOPICS, Progress
     from infra.target import record_broker
     from infra.topics import create_topics
+    from schemas.topics import JUDGED, METRICS
 
     console = Console(stderr=False)
     workdir = Path(config.workdir).resolve()
@@ -193,10 +194,30 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
 
         progress = Progress()
         async with Bus(kafka, role="up") as bus, anyio.create_task_group() as tg:
+            from torch.utils.tensorboard import SummaryWriter
+
+            board = SummaryWriter(
+                str(workdir / "tensorboard")
+            )  # `tensorboard --logdir <workdir>/tensorboard`
 
             async def follow(topic: str) -> None:
                 async for record in bus.follow_topic(topic, shutdown=shutdown):
-                    progress.apply(record.topic, record.value, record.timestamp_ms / 1000.0)
+                    t = record.timestamp_ms / 1000.0
+                    progress.apply(record.topic, record.value, t)
+                    if record.topic == METRICS:  # every role's metrics, by name, against wall time
+                        board.add_scalar(
+                            record.value.name,
+                            record.value.value,
+                            walltime=t,
+                            global_step=max(0, int(t - progress.started)),
+                        )
+                    elif record.topic == JUDGED:
+                        board.add_scalar(
+                            "run/success_rate",
+                            progress.success_rate,
+                            walltime=t,
+                            global_step=max(0, int(t - progress.started)),
+                        )
 
             for topic in PROGRESS_TOPICS:
                 tg.start_soon(follow, topic)
@@ -262,6 +283,7 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
                     await _stop(procs, options.grace_s)
                 shutdown.set()
                 tg.cancel_scope.cancel()
+                board.close()
 
         from infra.report import write_report
 

@@ -56,9 +56,10 @@ def test_second_actor_gets_partitions_and_throughput_rises(kafka_config: KafkaCo
     config.write_text(ACTOR_CONFIG)
     env_name = get_environment("household")
     rng = random.Random(3)
-    # Requests are keyed by task_id: many tasks spread the backlog over every partition.
+    # Requests are keyed by task_id: many tasks spread the backlog over every partition, and the
+    # backlog (8000 rollouts) outlasts both windows even at ~25 rollouts/s per actor.
     tasks = [env_name.sample_task(0, rng) for _ in range(200)]
-    requests = [RolloutRequest(request_id=f"scale-{i}", task=tasks[i % len(tasks)], n=4) for i in range(400)]
+    requests = [RolloutRequest(request_id=f"scale-{i}", task=tasks[i % len(tasks)], n=4) for i in range(2000)]
 
     async def publish() -> None:
         async with Bus(kafka_config, role="test") as bus:
