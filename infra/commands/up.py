@@ -28,7 +28,10 @@ def up(
         str | None, typer.Option(help="Reward-model preset (defaults to the config's).")
     ] = None,
     actors: Annotated[int, typer.Option(min=1, max=64, help="Actor processes to start.")] = 1,
-    judges: Annotated[int, typer.Option(min=1, max=64, help="Judge processes to start.")] = 1,
+    judges: Annotated[
+        int,
+        typer.Option(min=1, max=64, help="Judge processes to start (the reward model is the slower stage)."),
+    ] = 2,
     live: Annotated[
         bool | None, typer.Option(help="Live table (default: when stdout is a terminal).")
     ] = None,
