@@ -229,6 +229,16 @@ class _Offsets(ConsumerRebalanceListener):
         pass
 
 
+def _assign_all(consumer: AIOKafkaConsumer, physical: str) -> list[TopicPartition]:
+    """Assign every partition of `physical` (no group); KeyError if the topic does not exist."""
+    partitions = sorted(consumer.partitions_for_topic(physical) or ())
+    if not partitions:
+        raise KeyError(f"topic {physical!r} does not exist (create topics first)")
+    tps = [TopicPartition(physical, p) for p in partitions]
+    consumer.assign(tps)
+    return tps
+
+
 class Bus:
     """One per process: a typed producer plus factories for typed consumers."""
 
@@ -445,6 +455,14 @@ class Bus:
             records = list(last.values())
         return records
 
+    def _decode_or_skip(self, raw: ConsumerRecord) -> Record[Any] | None:
+        """Group-less readers log and skip undecodable records (group consumers dead-letter them)."""
+        try:
+            return self.decode(raw)
+        except (*codec.DecodeError, UnicodeDecodeError) as e:
+            log.warning("reader skips %s[%d]@%d: %s", raw.topic, raw.partition, raw.offset, e)
+            return None
+
     async def iter_topic(self, topic: str, *, stall_timeout_s: float = 60.0) -> AsyncIterator[Record[Any]]:
         """Stream every record from the beginning up to the end as of this call, then stop (no group).
 
@@ -462,11 +480,7 @@ class Bus:
         consumer = self._consumer(None)
         await consumer.start()
         try:
-            partitions = sorted(consumer.partitions_for_topic(physical) or ())
-            if not partitions:
-                raise KeyError(f"topic {physical!r} does not exist (create topics first)")
-            tps = [TopicPartition(physical, p) for p in partitions]
-            consumer.assign(tps)
+            tps = _assign_all(consumer, physical)
             begins = await consumer.beginning_offsets(tps)
             hints = await consumer.end_offsets(tps)
             targets: dict[TopicPartition, int | None] = {tp: None for tp in tps if hints[tp] > begins[tp]}
@@ -481,14 +495,9 @@ class Bus:
                     for raw in raws:
                         if end is not None and raw.offset >= end:
                             break  # written after this call started
-                        try:
-                            record = self.decode(raw)
-                        except (*codec.DecodeError, UnicodeDecodeError) as e:
-                            log.warning(
-                                "iter_topic skips %s[%d]@%d: %s", raw.topic, raw.partition, raw.offset, e
-                            )
-                            continue
-                        yield record
+                        record = self._decode_or_skip(raw)
+                        if record is not None:
+                            yield record
                 for tp in list(targets):
                     if targets[tp] is None:
                         targets[tp] = consumer.highwater(tp)
@@ -513,24 +522,15 @@ class Bus:
         consumer = AIOKafkaConsumer(**(consumer_options(self.kafka, None) | {"fetch_max_wait_ms": 20}))
         await consumer.start()
         try:
-            partitions = sorted(consumer.partitions_for_topic(physical) or ())
-            if not partitions:
-                raise KeyError(f"topic {physical!r} does not exist (create topics first)")
-            tps = [TopicPartition(physical, p) for p in partitions]
-            consumer.assign(tps)
+            tps = _assign_all(consumer, physical)
             await consumer.seek_to_beginning(*tps)
             while shutdown is None or not shutdown.is_set():
                 batch = await _fetch(consumer, shutdown, 1.0, 1000)
                 for raws in batch.values():
                     for raw in raws:
-                        try:
-                            record = self.decode(raw)
-                        except (*codec.DecodeError, UnicodeDecodeError) as e:
-                            log.warning(
-                                "follow_topic skips %s[%d]@%d: %s", raw.topic, raw.partition, raw.offset, e
-                            )
-                            continue
-                        yield record
+                        record = self._decode_or_skip(raw)
+                        if record is not None:
+                            yield record
         finally:
             with anyio.CancelScope(shield=True):
                 await consumer.stop()
