@@ -10,6 +10,7 @@ import html
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from infra.progress import Progress
 
@@ -30,6 +31,12 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
     t0 = min(starts) if starts else time.time()
     figures: list[tuple[str, str]] = []
 
+    def save(fig: Any, name: str, caption: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=90)
+        plt.close(fig)
+        figures.append((name, caption))
+
     def plot_lines(name: str, caption: str, keys: list[str], ylabel: str, step: bool = False) -> None:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         drawn = False
@@ -46,10 +53,7 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
         if drawn:
             ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=90)
-        plt.close(fig)
-        figures.append((name, caption))
+        save(fig, name, caption)
 
     plot_lines("success_rate", "Rolling success rate of judged rollouts", ["success_rate"], "success")
     plot_lines(
@@ -87,10 +91,7 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
         ax.text(0.5, 0.5, "no tasks yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since start")
     ax.set_ylabel("active tasks")
-    fig.tight_layout()
-    fig.savefig(out / "difficulty.png", dpi=90)
-    plt.close(fig)
-    figures.append(("difficulty", "Difficulty spread of the active task set"))
+    save(fig, "difficulty", "Difficulty spread of the active task set")
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
     if progress.staleness:
@@ -99,10 +100,7 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
         ax.text(0.5, 0.5, "no trained samples yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("learner version − sample version")
     ax.set_ylabel("samples")
-    fig.tight_layout()
-    fig.savefig(out / "staleness.png", dpi=90)
-    plt.close(fig)
-    figures.append(("staleness", "Staleness of trained samples (off-policy lag in versions)"))
+    save(fig, "staleness", "Staleness of trained samples (off-policy lag in versions)")
 
     snapshot = progress.snapshot()
     (out / "summary.json").write_text(json.dumps(snapshot, indent=2))
