@@ -146,9 +146,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     workdir = Path(config.workdir)
     judge_id = f"judge-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="reward", workdir=workdir))
-    store = WeightStore(
-        config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
-    )
+    store = WeightStore.for_run(config)
     envs: dict[str, Environment] = {}
 
     async with Bus(config.kafka, role="judge") as bus:

@@ -28,6 +28,7 @@ import anyio
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from schemas.config import RunConfig
 from schemas.events import WeightsPublished
 from schemas.topics import WEIGHTS
 
@@ -120,6 +121,12 @@ def read_safetensors_checked(folder: Path) -> dict[str, Any]:
 
 class WeightStore:
     """Versioned weights in a directory or any fsspec URL (s3://…, memory://…)."""
+
+    @classmethod
+    def for_run(cls, config: RunConfig) -> WeightStore:
+        """The run's store: `store.weights_url`, or `<workdir>/weights` when that is empty."""
+        url = config.store.weights_url or str(Path(config.workdir) / "weights")
+        return cls(url, keep_last=config.store.keep_last)
 
     def __init__(self, url: str, *, keep_last: int = 5, cache_dir: str | Path | None = None):
         if keep_last < 1:

@@ -218,9 +218,7 @@ class Learner:
         self.spec, self.cfg = spec, spec.learner
         workdir = Path(config.workdir)
         self.root = workdir / "checkpoints" / spec.name
-        self.store = WeightStore(
-            config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
-        )
+        self.store = WeightStore.for_run(config)
         model, self.tokenizer = load_trainable(spec.model, role=spec.name, workdir=workdir)
         if self.cfg.lora_rank > 0:
             model = apply_lora(model, self.cfg.lora_rank)

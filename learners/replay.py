@@ -115,9 +115,7 @@ async def _starting_folder(bus: Bus, config: RunConfig, start: str) -> tuple[Pat
             raise ValueError(
                 f"--from {start}: published reward versions are {sorted({w.version for w in published})}"
             )
-        store = WeightStore(
-            config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
-        )
+        store = WeightStore.for_run(config)
         return store.fetch(event), newest
     folder = Path(start)
     if not (folder / "config.json").is_file():
@@ -210,10 +208,7 @@ async def replay(
             if publish:
                 from infra.weights import WeightStore
 
-                workdir = Path(config.workdir)
-                store = WeightStore(
-                    config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
-                )
+                store = WeightStore.for_run(config)
                 version = newest + 1
                 event = store.publish("reward", version, model, tokenizer, preset=f"replay:{start_from}")
                 await bus.send(topics.WEIGHTS, event, key="reward")

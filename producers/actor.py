@@ -152,9 +152,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     workdir = Path(config.workdir)
     actor_id = f"actor-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="policy", workdir=workdir))
-    store = WeightStore(
-        config.store.weights_url or str(workdir / "weights"), keep_last=config.store.keep_last
-    )
+    store = WeightStore.for_run(config)
     envs: dict[str, Environment] = {}
     offsets = OffsetTracker()
     finished_ids = RecentIds(config.kafka.dedup_window)
