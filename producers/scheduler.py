@@ -32,6 +32,7 @@ import msgspec
 from algorithm import capacity, group_signals
 from envs import get_environment
 from envs.base import Environment
+from envs.seeds import training_rng
 from infra.bus import Bus
 from infra.taskpool import TaskPool
 from schemas import topics
@@ -49,7 +50,7 @@ def seed_tasks(env: Environment, count: int, difficulty: int, rng: random.Random
     for _ in range(count * 20):
         if len(tasks) == count:
             break
-        task = env.sample_task(difficulty, rng)
+        task = env.sample_task(difficulty, training_rng(rng))
         signature = task.signature or env.signature(task)
         if signature in seen:
             continue
@@ -147,10 +148,13 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     env = get_environment(cfg.domain)
     rng = random.Random(config.seed)
     pool = TaskPool()
-    lam = config.signals.lam
+    sig = config.signals
     flight = Flight(
         request_timeout_s=cfg.request_timeout_s,
-        has_signal=lambda outcomes, verdicts: bool(group_signals(outcomes, verdicts, lam=lam).policy),
+        has_signal=lambda outcomes, verdicts: bool(
+            group_signals(outcomes, verdicts, lam=sig.lam, policy_acc_low=sig.policy_acc_low,
+                          policy_acc_high=sig.policy_acc_high).policy  # fmt: skip
+        ),
     )
     scheduled: dict[str, int] = {}
     version = 0

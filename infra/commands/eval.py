@@ -1,0 +1,145 @@
+"""`forgestream eval`: a policy (and optionally a reward model) on held-out tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from infra.cli import ConfigOpt, app, build_config, fail
+
+
+def parse_levels(text: str) -> list[int]:
+    """"0,2,4" or "0-3" or a mix -> sorted distinct levels."""
+    levels: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                levels.update(range(int(lo), int(hi) + 1))
+            elif part:
+                levels.add(int(part))
+    except ValueError:
+        fail(f"--levels: {text!r} is not a list of levels such as 0,2,4 or 0-3")
+    if not levels or min(levels) < 0:
+        fail(f"--levels: {text!r} names no level >= 0")
+    return sorted(levels)
+
+
+def resolve_model(spec: str, role: str, model_cfg: Any, workdir: Path) -> Path:
+    """`preset`, `vN` / `latest` (the run's weight store), `hf:PATH` or a folder -> an HF folder."""
+    from infra.models import prepare_preset
+    from infra.weights import WeightStore
+
+    if spec == "preset":
+        return prepare_preset(model_cfg, role=role, workdir=workdir)  # type: ignore[arg-type]
+    if spec == "latest" or (spec.startswith("v") and spec[1:].isdigit()):
+        store = WeightStore(str(workdir / "weights"))
+        versions = store.versions(role)
+        if not versions:
+            fail(f"{spec}: no {role} version in {workdir / 'weights'} (give --workdir of a run)")
+        version = versions[-1] if spec == "latest" else int(spec[1:])
+        if version not in versions:
+            fail(f"{spec}: the store keeps {role} versions {versions}")
+        return Path(store.uri(role, version))
+    folder = Path(spec[3:] if spec.startswith("hf:") else spec).expanduser()
+    if not (folder / "config.json").is_file():
+        fail(f"{spec}: expected preset, latest, vN or a Hugging Face model folder")
+    return folder
+
+
+@app.command("eval")
+def evaluate(
+    policy: Annotated[str, typer.Option(help="preset, latest, vN (of --workdir's run), hf:PATH or a folder.")] = "preset",
+    reward_model: Annotated[
+        str | None, typer.Option(help="Also measure this reward model's process accuracy (same forms).")
+    ] = None,
+    domain: Annotated[str | None, typer.Option(help="Task domain (default: the config's).")] = None,
+    levels: Annotated[str, typer.Option(help="Difficulty levels, e.g. 0,2,4 or 0-3.")] = "0-2",
+    tasks: Annotated[int, typer.Option(min=1, max=100_000, help="Held-out tasks per level.")] = 40,
+    modes: Annotated[str, typer.Option(help="sampled (policy temperature), greedy, or both.")] = "sampled,greedy",
+    max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
+    m: Annotated[int | None, typer.Option(min=1, max=64, help="Verdicts per step (default: judge.m).")] = None,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+    config: ConfigOpt = None,
+    workdir: Annotated[Path | None, typer.Option(help="The run whose versions vN / latest name.")] = None,
+) -> None:
+    """Held-out success per level (95 % Wilson interval, invalid answers, mean steps), sampled and
+    greedy; with --reward-model, process accuracy against the environment's step labels."""
+    flags: dict[str, Any] = {"scheduler.domain": domain}
+    if workdir is not None:
+        flags["workdir"] = str(workdir)
+    cfg = build_config(config, flags)
+    wanted = [w.strip() for w in modes.split(",") if w.strip()]
+    if not wanted or any(w not in ("sampled", "greedy") for w in wanted):
+        fail(f"--modes: {modes!r}; expected sampled, greedy or sampled,greedy")
+    level_list = parse_levels(levels)
+
+    from envs import get_environment
+    from infra.evaluation import evaluate_policy, play_heldout, process_accuracy
+    from infra.models.hf_backend import HFBackend
+
+    env = get_environment(cfg.scheduler.domain)
+    if level_list[-1] >= env.levels:
+        fail(f"--levels: {cfg.scheduler.domain} has levels 0..{env.levels - 1}")
+    run_dir = Path(cfg.workdir)
+    pm = cfg.policy_model
+    backend = HFBackend(resolve_model(policy, "policy", pm, run_dir), dtype=pm.dtype, device=pm.device)
+    temps = {"sampled": pm.temperature, "greedy": 0.0}
+    result: dict[str, Any] = {
+        "domain": cfg.scheduler.domain,
+        "policy": policy,
+        "tasks_per_level": tasks,
+        "max_steps": max_steps,
+        "seed": seed,
+        "policy_results": evaluate_policy(
+            backend, cfg.scheduler.domain, level_list, tasks, temperatures={w: temps[w] for w in wanted},
+            max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed,
+        ),  # fmt: skip
+    }
+    if reward_model is not None:
+        rm = cfg.reward_model
+        judge = HFBackend(resolve_model(reward_model, "reward", rm, run_dir), dtype=rm.dtype, device=rm.device)
+        steps = [s for level in level_list
+                 for e in play_heldout(backend, cfg.scheduler.domain, level, tasks, temperature=pm.temperature,
+                                       max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed + 1)
+                 for s in e.steps]  # fmt: skip
+        result["reward_model"] = reward_model
+        result["process_accuracy"] = process_accuracy(
+            judge, steps, m=m or cfg.judge.m, temperature=cfg.judge.temperature,
+            max_tokens=cfg.judge.max_new_tokens, seed=seed,
+        )  # fmt: skip
+    _print(result)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=1))
+
+
+def _print(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"held-out {result['domain']} — policy {result['policy']}, {result['tasks_per_level']} tasks/level")
+    for col in ("mode", "level", "success", "95% CI", "invalid", "steps"):
+        table.add_column(col, justify="right")
+    for mode, by_level in result["policy_results"].items():
+        for level, r in by_level.items():
+            table.add_row(mode, level, f"{r['success']:.2f}", f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
+                          f"{r['invalid_rate']:.2f}", f"{r['mean_steps']:.1f}")  # fmt: skip
+    console.print(table)
+    pa = result.get("process_accuracy")
+    if pa:
+        console.print(
+            f"reward model {result['reward_model']}: process accuracy {pa.get('accuracy', 0):.3f} "
+            f"(balanced {pa.get('balanced_accuracy', 0):.3f}) on "
+            f"{pa['steps']} steps (valid {pa['valid']['accuracy']:.3f}, invalid {pa['invalid']['accuracy']:.3f}; "
+            f"says good {pa['said_good']:.2f}, labels good {pa['good_label_rate']:.2f}, unparseable {pa['unparseable']:.2f})"
+            if pa.get("steps") else "no labelled steps"
+        )  # fmt: skip
+        if pa.get("steps"):
+            console.print("by step index: " + ", ".join(f"{k}: {v['accuracy']:.2f} ({v['steps']})" for k, v in pa["by_step"].items()))

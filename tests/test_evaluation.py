@@ -1,0 +1,140 @@
+"""Held-out evaluation: interval arithmetic, summaries, process accuracy, and held-out seeds that
+training never draws."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from envs import get_environment
+from envs.seeds import HELDOUT_BASE, LEVEL_STRIDE, heldout_rng, heldout_seed, is_heldout, training_seed
+from infra.evaluation import PlayedEpisode, PlayedStep, majority, process_accuracy, summarize_policy, wilson
+from infra.models.types import Completion
+
+approx = pytest.approx
+
+
+def test_wilson_hand_computed() -> None:
+    # 20/40: z^2 = 3.841459, denom 1 + z^2/40 = 1.096036, centre 0.5,
+    #   half = 1.959964 * sqrt(0.25/40 + z^2/6400) / denom = 0.148005
+    assert wilson(20, 40) == approx((0.351995, 0.648005), abs=1e-6)
+    # 0/40: centre = (z^2/80) / denom = 0.043811 = half -> [0, 0.087622]
+    assert wilson(0, 40) == approx((0.0, 0.087622), abs=1e-6)
+    # 7/10: denom 1.384146, centre (0.7 + 0.192073) / denom = 0.644493,
+    #   half = 1.959964 * sqrt(0.021 + 0.0096037) / denom = 0.247720
+    assert wilson(7, 10) == approx((0.396778, 0.892209), abs=1e-6)
+    assert wilson(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson(5, 4)
+
+
+def test_majority_of_verdicts() -> None:
+    assert majority([1, 1, -1]) == 1 and majority([-1, 0, -1]) == -1
+    assert majority([1, -1, 0]) == 0 and majority([0, 0, 0]) == 0
+
+
+def step(index: int, valid: bool = True, progress: bool | None = None) -> PlayedStep:
+    return PlayedStep(index=index, judge_prompt=f"p{index}-{valid}-{progress}", valid=valid, progress=progress)
+
+
+def test_summarize_policy_hand_computed() -> None:
+    episodes = [
+        PlayedEpisode(level=0, outcome=1, steps=[step(0), step(1)]),
+        PlayedEpisode(level=0, outcome=-1, steps=[step(0, valid=False), step(1), step(2, valid=False), step(3)]),
+        PlayedEpisode(level=0, outcome=1, steps=[step(0, valid=False), step(1), step(2)]),
+    ]
+    out = summarize_policy(episodes)
+    # 2 of 3 succeed; 3 invalid of 9 turns; 9 turns over 3 episodes
+    assert out["tasks"] == 3 and out["successes"] == 2 and out["success"] == approx(2 / 3)
+    assert (out["ci_low"], out["ci_high"]) == approx(wilson(2, 3))
+    assert out["invalid_rate"] == approx(1 / 3) and out["mean_steps"] == approx(3.0)
+
+
+class ScriptedJudge:
+    """A judge whose answers are fixed per prompt (to pin the arithmetic, not a model)."""
+
+    def __init__(self, answers: dict[str, list[str]]) -> None:
+        self.answers = answers
+
+    def generate(self, prompts, *, n=1, temperature, max_tokens, stop=None, seed=None):  # noqa: ANN001
+        return [
+            [Completion(text=t, token_ids=[], logprobs=[], prompt_token_ids=[], finish_reason="stop", version=0)
+             for t in self.answers[p][:n]]  # fmt: skip
+            for p in prompts
+        ]
+
+
+def test_process_accuracy_majority_against_labels() -> None:
+    good, bad = "\\boxed{1}", "\\boxed{-1}"
+    steps = [
+        step(0, progress=True),  # majority good: right
+        step(1, progress=False),  # majority good: wrong
+        step(2, valid=False, progress=False),  # majority bad: right
+        step(12, progress=False),  # tie (one unparseable): wrong
+        step(3, progress=None),  # unlabelled: not counted
+    ]
+    judge = ScriptedJudge({
+        steps[0].judge_prompt: [good, good, bad],
+        steps[1].judge_prompt: [good, bad, good],
+        steps[2].judge_prompt: [bad, bad, bad],
+        steps[3].judge_prompt: [good, bad, "no idea"],
+    })  # fmt: skip
+    out = process_accuracy(judge, steps, m=3, temperature=0.8, max_tokens=8)
+    assert out["steps"] == 4 and out["accuracy"] == approx(0.5)
+    # good steps 1/1 right, bad steps 1/3 right -> balanced (1 + 1/3) / 2
+    assert out["balanced_accuracy"] == approx(2 / 3)
+    assert out["valid"] == {"steps": 3, "accuracy": approx(1 / 3)}
+    assert out["invalid"] == {"steps": 1, "accuracy": 1.0}
+    assert out["said_good"] == approx(0.5) and out["good_label_rate"] == approx(0.25)
+    assert out["unparseable"] == approx(1 / 12)
+    assert out["by_step"] == {"0": {"steps": 1, "accuracy": 1.0}, "1": {"steps": 1, "accuracy": 0.0},
+                              "2-4": {"steps": 1, "accuracy": 1.0}, "10+": {"steps": 1, "accuracy": 0.0}}  # fmt: skip
+
+
+# --- held-out seeds ---
+def test_heldout_and_training_seed_ranges_are_disjoint() -> None:
+    rng = random.Random(0)
+    assert all(not is_heldout(training_seed(rng)) for _ in range(100_000))
+    assert training_seed(random.Random(2**70)) < HELDOUT_BASE
+    assert heldout_seed(0, 0) == HELDOUT_BASE and is_heldout(heldout_seed(9, LEVEL_STRIDE - 1))
+    assert heldout_seed(1, 0) == HELDOUT_BASE + LEVEL_STRIDE  # levels never share a seed
+    with pytest.raises(ValueError):
+        heldout_seed(0, LEVEL_STRIDE)
+
+
+def test_training_draws_every_task_from_the_training_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's seeding and the bootstrap data sample each task from a training seed."""
+    import envs.seeds
+    import infra.models.bootstrap as bootstrap
+    import producers.scheduler as scheduler
+
+    drawn: list[int] = []
+
+    def recording_rng(rng: random.Random) -> random.Random:
+        seed = envs.seeds.training_seed(rng)
+        drawn.append(seed)
+        return random.Random(seed)
+
+    monkeypatch.setattr(scheduler, "training_rng", recording_rng)
+    monkeypatch.setattr(bootstrap, "training_rng", recording_rng)
+    env = get_environment("household")
+    tasks = scheduler.seed_tasks(env, 16, 3, random.Random(1))
+    assert len(tasks) == 16 and len(drawn) >= 16
+    next(bootstrap.policy_pairs(["household"], seed=0))
+    next(bootstrap.reward_pairs(["household"], seed=0))
+    assert len(drawn) >= 18 and all(seed < HELDOUT_BASE for seed in drawn)
+
+
+def test_heldout_tasks_are_fixed_and_unlike_training_tasks() -> None:
+    env = get_environment("household")
+    level = 4
+    heldout = [env.sample_task(level, heldout_rng(level, i)) for i in range(40)]
+    again = [env.sample_task(level, heldout_rng(level, i)) for i in range(40)]
+    assert [t.task_id for t in heldout] == [t.task_id for t in again]
+    from producers.scheduler import seed_tasks
+
+    training = seed_tasks(env, 200, level, random.Random(0))
+    assert not {t.task_id for t in heldout} & {t.task_id for t in training}
+    shared = {t.signature for t in heldout} & {t.signature for t in training}
+    assert len(shared) <= 2, f"{len(shared)} held-out worlds also drawn in training at level {level}"
