@@ -5,9 +5,12 @@ optionally per judgement a raw score that replaces the consistency reward (code 
 judge's CURE score of the unit tests it wrote). Output: which (rollout, step) become policy
 samples and which (rollout, step, judgement) become reward-model samples, with their reward and
 advantage. Rules (DESIGN section 2):
-- policy: R = integrated_rewards(outcome, verdicts, lam); advantages = step_advantages(R) over the
-  group; zero advantages dropped. A group whose rollouts all failed (or all succeeded) still trains
-  where the verdicts tell its steps apart: that is what the step-wise reward is for.
+- policy: only groups whose accuracy lies in [policy_acc_low, policy_acc_high] (the released code's
+  1/8 and 7/8: with n = 8, mixed-outcome groups only); R = integrated_rewards(outcome, verdicts, lam);
+  advantages = step_advantages(R) over the group; zero advantages dropped; with episode_weighting a
+  rollout's advantages are scaled by (mean rollout length / its length), so a 40-step failure does not
+  outweigh a 4-step success tenfold (the loss is a mean over samples). An all-fail or
+  all-success group would train on reward-model noise alone (measured: held-out success fell).
 - reward model: only if lo <= group accuracy <= hi; per (rollout, step) the m raw rewards are
   consistency_raw(R, verdicts) (or the given scores) z-scored together; zero advantages dropped.
 """
@@ -20,6 +23,9 @@ from dataclasses import dataclass
 from algorithm.rewards import consistency_raw, integrated_rewards, step_advantages, zscore
 from algorithm.staleness import ZERO_ADVANTAGE_ATOL
 from algorithm.tasks import HIGH, LOW, group_accuracy
+
+POLICY_ACC_LOW = 1 / 8  # the released code's bounds on a group's accuracy for a policy step
+POLICY_ACC_HIGH = 7 / 8
 
 Scores = Sequence[Sequence[Sequence[float | None]]]  # [rollout][step][judgement]
 
@@ -52,7 +58,9 @@ class GroupSignals:
     policy: list[PolicyTarget]  # steps with a non-zero advantage, rollout-major order
     reward: list[RewardTarget]  # judgements with a non-zero advantage (empty if not eligible)
     reward_model_eligible: bool  # accuracy within [rm_acc_low, rm_acc_high]
-    policy_dropped_zero: int  # steps left out because their advantage is 0
+    policy_eligible: bool  # accuracy within [policy_acc_low, policy_acc_high]
+    policy_dropped_zero: int  # steps left out because their advantage is 0 (eligible groups)
+    policy_dropped_group: int  # steps left out because the group is not policy-eligible
     reward_dropped_zero: int  # judgements left out because their advantage is 0 (eligible groups)
 
 
@@ -63,6 +71,9 @@ def group_signals(
     lam: float = 1.0,
     rm_acc_low: float = LOW,
     rm_acc_high: float = HIGH,
+    policy_acc_low: float = POLICY_ACC_LOW,
+    policy_acc_high: float = POLICY_ACC_HIGH,
+    episode_weighting: bool = False,
     scores: Scores | None = None,
     atol: float = ZERO_ADVANTAGE_ATOL,
 ) -> GroupSignals:
@@ -77,12 +88,18 @@ def group_signals(
     accuracy = group_accuracy(outcomes)
     step_rewards = [integrated_rewards(o, v, lam) for o, v in zip(outcomes, verdicts, strict=True)]
     eligible = rm_acc_low <= accuracy <= rm_acc_high
+    policy_eligible = policy_acc_low <= accuracy <= policy_acc_high
 
     # --- policy: z-score per step index across the group ---
     policy: list[PolicyTarget] = []
     policy_dropped = 0
-    for r, row in enumerate(step_advantages(step_rewards)):
+    advantages = step_advantages(step_rewards) if policy_eligible else []
+    steps = sum(len(row) for row in step_rewards)
+    for r, row in enumerate(advantages):
+        # episode weighting: each rollout weighs the same in total (its steps share the group's mean length)
+        weight = steps / (len(step_rewards) * len(row)) if episode_weighting and row else 1.0
         for k, advantage in enumerate(row):
+            advantage *= weight
             if abs(advantage) > atol:
                 policy.append(PolicyTarget(r, k, step_rewards[r][k], advantage))
             else:
@@ -109,7 +126,9 @@ def group_signals(
         policy=policy,
         reward=reward,
         reward_model_eligible=eligible,
+        policy_eligible=policy_eligible,
         policy_dropped_zero=policy_dropped,
+        policy_dropped_group=0 if policy_eligible else sum(len(row) for row in step_rewards),
         reward_dropped_zero=reward_dropped,
     )
 

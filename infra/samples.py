@@ -35,6 +35,9 @@ def build_samples(
         lam=config.lam,
         rm_acc_low=config.rm_acc_low,
         rm_acc_high=config.rm_acc_high,
+        policy_acc_low=config.policy_acc_low,
+        policy_acc_high=config.policy_acc_high,
+        episode_weighting=config.episode_weighting,
         scores=scores,
     )
     policy: list[PolicySample] = []

@@ -66,11 +66,21 @@ def test_group_signals_hand_computed() -> None:
 
 
 def test_group_signals_accuracy_filter() -> None:
-    # all succeed: accuracy 1 > 0.8, no reward-model samples; the policy still learns from verdicts:
-    # R = [2], [1] -> mean 1.5, std 0.5 -> [+1, -1]
+    # all succeed: accuracy 1 > 0.8, no reward-model samples, and (released code: 7/8) no policy samples
     signals = group_signals([1, 1], [[[1, 1]], [[1, -1]]])
     assert not signals.reward_model_eligible and signals.reward == []
-    assert signals.policy == [PolicyTarget(0, 0, 2.0, 1.0), PolicyTarget(1, 0, 1.0, -1.0)]
+    assert not signals.policy_eligible and signals.policy == [] and signals.policy_dropped_group == 2
+    # opened to every group, the policy learns from the verdicts: R = [2], [1] -> mean 1.5, std 0.5 -> [+1, -1]
+    opened = group_signals([1, 1], [[[1, 1]], [[1, -1]]], policy_acc_low=0.0, policy_acc_high=1.0)
+    assert opened.policy == [PolicyTarget(0, 0, 2.0, 1.0), PolicyTarget(1, 0, 1.0, -1.0)]
+    assert opened.policy_dropped_group == 0
+    # n = 8: 1/8 and 7/8 are in (inclusive bounds), 0/8 and 8/8 are out; all-fail with split verdicts too
+    one_of_eight = group_signals([1] + [-1] * 7, [[[1, 1]]] + [[[1, -1]]] * 7)
+    assert one_of_eight.policy_eligible and len(one_of_eight.policy) == 8
+    seven_of_eight = group_signals([1] * 7 + [-1], [[[1, 1]]] * 8)
+    assert seven_of_eight.policy_eligible and len(seven_of_eight.policy) == 8
+    all_fail = group_signals([-1] * 8, [[[1, 1]]] * 4 + [[[-1, -1]]] * 4)
+    assert not all_fail.policy_eligible and all_fail.policy == [] and all_fail.policy_dropped_group == 8
     # bounds are inclusive: 1 success of 5 = 0.2
     low = group_signals([1, -1, -1, -1, -1], [[[1, -1]]] * 5)
     assert low.accuracy == 0.2 and low.reward_model_eligible
@@ -102,7 +112,7 @@ def test_group_signals_lam_and_scores() -> None:
 
 
 def test_group_signals_edges() -> None:
-    single = group_signals([1], [[[1, -1], [1, 1]]])  # one rollout: no policy signal
+    single = group_signals([1], [[[1, -1], [1, 1]]], policy_acc_high=1.0)  # one rollout: no policy signal
     assert single.policy == [] and single.policy_dropped_zero == 2
     assert single.accuracy == 1.0 and single.reward == []
     empty_steps = group_signals([1, -1], [[], []])
@@ -111,3 +121,15 @@ def test_group_signals_edges() -> None:
         group_signals([1, -1], [[]])
     with pytest.raises(ValueError):
         group_signals([], [])
+
+
+def test_episode_weighting_scales_each_rollout_to_the_mean_length() -> None:
+    # 8 steps over 4 rollouts (lengths 2, 3, 1, 2): mean length 2; weights 1, 2/3, 2, 1
+    plain = group_signals(OUTCOMES, VERDICTS)
+    weighted = group_signals(OUTCOMES, VERDICTS, episode_weighting=True)
+    weights = {0: 1.0, 1: 2 / 3, 2: 2.0, 3: 1.0}
+    assert [(p.rollout, p.step) for p in weighted.policy] == [(p.rollout, p.step) for p in plain.policy]
+    assert [p.advantage for p in weighted.policy] == approx([p.advantage * weights[p.rollout] for p in plain.policy])
+    # r1 step 0: -0.700140 * 2/3 = -0.466760; r2 step 0: 0.980196 * 2 = 1.960392
+    assert weighted.policy[2].advantage == approx(-0.466760, abs=1e-6)
+    assert weighted.policy[4].advantage == approx(1.960392, abs=1e-6)
