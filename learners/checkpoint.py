@@ -36,6 +36,7 @@ class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
     behaviour_logprobs: list[float]
     version: int  # weights that sampled the response
     advantage: float
+    group: str = ""  # request id of the group it came from: batches and the staleness gate keep groups whole
 
 
 class LearnerState(msgspec.Struct, kw_only=True):
@@ -50,6 +51,7 @@ class LearnerState(msgspec.Struct, kw_only=True):
     dropped_stale: int = 0
     duplicates: int = 0
     samples_trained: int = 0  # cumulative over restarts (status: samples_trained)
+    batches: int = 0  # batches trained (a version every publish_every of them)
 
 
 def offsets_to_state(offsets: dict[tuple[str, int], int]) -> dict[str, int]:

@@ -2,12 +2,13 @@
 
 Consumes: sample batches (PolicySampleBatch / RewardSampleBatch) from one topic, group-consumed.
 Produces: WeightsPublished on forge.weights (key = model name; bytes in the weight store),
-          metrics learner/<name>/{version,loss,kl,clip_fraction,tokens_per_s,grad_norm,dropped_stale,
-          duplicates,samples_trained} and `staleness` (mean over the samples of a step, label model=<name>).
-Loop: consume -> dedupe by sample_key -> drop samples older than version - eta -> pack micro-batches
-by token budget -> proximal logprobs (no grad) -> algorithm.policy_loss -> AdamW step -> every
-`publish_every` steps a new version; every `checkpoint_every` versions a checkpoint first, then the
-publish, then the offset commit.
+          metrics learner/<name>/{version,loss,kl,clip_fraction,is_weight_mean,lr,tokens_per_s,grad_norm,
+          dropped_stale,dropped_invalid,duplicates,samples_trained} and `staleness` (mean over the
+          samples of a step, label model=<name>).
+Loop: consume -> dedupe by sample_key -> drop whole groups older than version - eta -> a batch of
+whole groups -> proximal logprobs once (no grad) -> `minibatches` shuffled steps (token-budget
+micro-batches, algorithm.policy_loss, AdamW with a linear warm-up) -> every `publish_every` batches a
+new version: a checkpoint first, then the publish, then the offset commit.
 Invariant: offsets are committed only after a checkpoint that includes them, and a checkpoint holds
 the consumed-but-untrained samples, so after kill -9 and restart no sample key is trained twice by
 the surviving weights and none is skipped. Versions only grow: a restart continues from
@@ -20,6 +21,7 @@ tests/test_deepspeed.py exercises, but the role does not yet shard its Kafka inp
 from __future__ import annotations
 
 import copy
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -73,9 +75,30 @@ def to_train_samples(batch: Any, version_field: str) -> tuple[list[TrainSample],
                 behaviour_logprobs=list(s.behaviour_logprobs),
                 version=getattr(s, version_field),
                 advantage=s.advantage,
+                group=batch.request_id,
             )
         )
     return out, invalid
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based): rises linearly over `warmup_steps`, then `lr`."""
+    if warmup_steps <= 0:
+        return lr
+    return lr * min(1.0, (step + 1) / warmup_steps)
+
+
+def whole_groups(samples: list[TrainSample], at_least: int) -> list[TrainSample]:
+    """The first groups of `samples` (in order of first appearance), whole, until at least `at_least`."""
+    order: dict[str, list[TrainSample]] = {}
+    for s in samples:
+        order.setdefault(s.group or s.key, []).append(s)
+    batch: list[TrainSample] = []
+    for members in order.values():
+        if len(batch) >= at_least:
+            break
+        batch += members
+    return batch
 
 
 def pack_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -108,6 +131,7 @@ class StepStats:
     clip_fraction: float = 0.0
     is_weight_mean: float = 0.0
     grad_norm: float = 0.0
+    lr: float = 0.0
     samples: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -240,6 +264,7 @@ class Learner:
         self.pending: list[TrainSample] = list(self.state.pending)
         self.offsets = ckpt.offsets_from_state(self.state.offsets)
         self.dirty = False  # progress since the last checkpoint
+        self.dropped_invalid = 0  # samples that cannot be trained (empty or inconsistent), this process
 
     # --- consume ---
     def ingest(self, records: list[Record[Any]]) -> int:
@@ -247,7 +272,8 @@ class Learner:
         dups = 0
         for r in records:
             self.offsets[(r.topic, r.partition)] = r.offset + 1
-            samples, _invalid = to_train_samples(r.value, self.spec.version_field)
+            samples, invalid = to_train_samples(r.value, self.spec.version_field)
+            self.dropped_invalid += invalid
             for s in samples:
                 if s.key in self.seen:
                     dups += 1
@@ -263,21 +289,37 @@ class Learner:
 
     # --- train ---
     def drop_stale(self) -> tuple[int, list[int]]:
-        """Drop pending samples older than version - eta; returns (dropped, staleness of the kept)."""
-        kept, dropped = filter_stale([s.version for s in self.pending], self.state.version, self.cfg.eta)
-        self.pending = [self.pending[i] for i in kept]
+        """Drop pending groups whose oldest sample is older than version - eta, whole (the first steps
+        of an episode carry its contrast as much as the last); returns (samples dropped, staleness
+        of the kept)."""
+        oldest: dict[str, int] = {}
+        for s in self.pending:
+            g = s.group or s.key
+            oldest[g] = min(oldest.get(g, s.version), s.version)
+        groups = list(oldest)
+        kept, _ = filter_stale([oldest[g] for g in groups], self.state.version, self.cfg.eta)
+        fresh = {groups[i] for i in kept}
+        before = len(self.pending)
+        self.pending = [s for s in self.pending if (s.group or s.key) in fresh]
+        dropped = before - len(self.pending)
         self.state.dropped_stale += dropped
         return dropped, [self.state.version - s.version for s in self.pending]
 
     def train_batch(self) -> list[StepOutcome]:
-        """Train the next batch of pending samples: one optimizer step per minibatch."""
-        batch = self.pending[: self.cfg.batch_samples]
+        """Train the next batch (whole groups, at least batch_samples samples): proximal logprobs once,
+        then `minibatches` optimizer steps over a seeded shuffle; a new version after every
+        `publish_every` batches."""
+        batch = whole_groups(self.pending, self.cfg.batch_samples)
+        random.Random(self.state.optimizer_step).shuffle(batch)
         prox = self.trainer.proximal(batch) if self.cfg.minibatches > 1 else None
         chunk = -(-len(batch) // self.cfg.minibatches)
         outcomes = []
         for lo in range(0, len(batch), chunk):
             part = batch[lo : lo + chunk]
+            lr = warmup_lr(self.cfg.lr, self.state.optimizer_step, self.cfg.warmup_steps)
+            self.engine.set_lr(lr)
             stats = self.trainer.step(part, None if prox is None else prox[lo : lo + chunk])
+            stats.lr = lr
             keys = set(stats.keys)
             self.pending = [s for s in self.pending if s.key not in keys]
             self.trained.extend(stats.keys)
@@ -285,7 +327,10 @@ class Learner:
             self.state.samples_trained += len(part)
             self.dirty = True
             outcome = StepOutcome(stats=stats, version=self.state.version)
-            if self.state.optimizer_step % self.cfg.publish_every == 0:
+            last_of_batch = lo + chunk >= len(batch)
+            if last_of_batch:
+                self.state.batches += 1
+            if last_of_batch and self.state.batches % self.cfg.publish_every == 0:
                 self.state.version += 1
                 outcome.version = self.state.version
                 if self.state.version % self.cfg.checkpoint_every == 0:
@@ -349,9 +394,12 @@ async def run_learner(config: RunConfig, spec: LearnerSpec, *, shutdown: anyio.E
                 await consumer.seek(dict(learner.offsets))
             while not shutdown.is_set():
                 records = await consumer.next_batch(cfg.batch_samples, cfg.poll_timeout_s)
+                invalid_before = learner.dropped_invalid
                 dups = learner.ingest(records)
                 if dups:
                     await bus.metric(f"learner/{name}/duplicates", learner.state.duplicates)
+                if learner.dropped_invalid != invalid_before:
+                    await bus.metric(f"learner/{name}/dropped_invalid", learner.dropped_invalid)
                 while learner.ready(idle=not records):
                     dropped, staleness = learner.drop_stale()
                     if dropped:
@@ -380,6 +428,8 @@ async def _report(bus: Bus, consumer: Any, name: str, outcome: StepOutcome) -> N
         ("loss", s.loss),
         ("kl", s.kl),
         ("clip_fraction", s.clip_fraction),
+        ("is_weight_mean", s.is_weight_mean),
+        ("lr", s.lr),
         ("grad_norm", s.grad_norm),
         ("tokens_per_s", s.tokens_per_s),
     ):

@@ -39,6 +39,10 @@ class Engine(Protocol):
         """Clip, update, zero the gradients; returns the global grad norm before clipping."""
         ...
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next step (warm-up)."""
+        ...
+
     def optimizer_state(self) -> tuple[dict[str, Tensor], int]:
         """Full (unpartitioned) moments keyed `<param name>::<moment>`, and the step count."""
         ...
@@ -76,6 +80,9 @@ class TorchEngine:
     def backward(self, loss: Tensor) -> None:
         loss.backward()
 
+    def set_lr(self, lr: float) -> None:
+        _set_lr(self.optimizer, lr)
+
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
@@ -90,6 +97,11 @@ class TorchEngine:
 
     def full_parameters(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _torch_optimizer_state(
@@ -185,6 +197,9 @@ class DeepSpeedEngine:
 
     def backward(self, loss: Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)
+
+    def set_lr(self, lr: float) -> None:
+        _set_lr(self.base_optimizer, lr)
 
     def step(self) -> float:
         self.ds.step()

@@ -20,7 +20,7 @@ import torch
 
 from learners import checkpoint as ckpt
 from learners.checkpoint import LearnerState, TrainSample
-from learners.core import Trainer, pack_micro_batches
+from learners.core import Trainer, pack_micro_batches, warmup_lr, whole_groups
 from learners.engine import TorchEngine
 from schemas.config import LearnerConfig
 
@@ -86,6 +86,24 @@ def test_pack_micro_batches_by_token_budget() -> None:
     # a sample longer than the budget is alone
     assert pack_micro_batches([50, 5], 20) == [[0], [1]]
     assert pack_micro_batches([], 10) == []
+
+
+def test_warmup_lr_rises_linearly_then_holds() -> None:
+    assert [warmup_lr(1e-3, step, 4) for step in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert warmup_lr(1e-3, 0, 0) == 1e-3
+
+
+def test_whole_groups_fill_a_batch_without_splitting_a_group() -> None:
+    def sample(group: str, i: int) -> TrainSample:
+        return TrainSample(key=f"{group}/{i}", prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-1.0],
+                           version=0, advantage=1.0, group=group)  # fmt: skip
+
+    pending = [sample("a", 0), sample("a", 1), sample("b", 0), sample("a", 2), sample("c", 0), sample("c", 1)]
+    # at least 3: group a (3 samples, one arrived late) is enough
+    assert [s.key for s in whole_groups(pending, 3)] == ["a/0", "a/1", "a/2"]
+    # at least 4: a and b whole, c left for the next batch
+    assert [s.key for s in whole_groups(pending, 4)] == ["a/0", "a/1", "a/2", "b/0"]
+    assert len(whole_groups(pending, 100)) == 6
 
 
 def run_steps(
@@ -221,7 +239,8 @@ def tiny_model_dir(root: Path) -> Path:
 def role_config(tmp_path: Path, kafka_config, **learner):
     from schemas.config import ModelConfig, RunConfig
 
-    defaults = dict(lr=1e-2, batch_samples=4, micro_batch_tokens=64, poll_timeout_s=0.3)
+    # one optimizer step per batch unless a test asks for more: the plumbing tests count steps
+    defaults = dict(lr=1e-2, batch_samples=4, micro_batch_tokens=64, poll_timeout_s=0.3, minibatches=1, warmup_steps=0)
     return RunConfig(
         workdir=str(tmp_path / "work"),
         kafka=kafka_config,
@@ -311,7 +330,7 @@ async def test_role_drops_stale_and_duplicates_and_publishes(tmp_path: Path, kaf
         await wait_for(lambda: len(ckpt.read_lineage(root)) == 2, 60, "second step")
         shutdown.set()
     lineage = ckpt.read_lineage(root)
-    assert [e["keys"] for e in lineage] == [["a/0/0", "a/1/0", "a/2/0", "a/3/0"], ["c/0/0"]]
+    assert [sorted(e["keys"]) for e in lineage] == [["a/0/0", "a/1/0", "a/2/0", "a/3/0"], ["c/0/0"]]
     metrics = await read_values(kafka_config, topics.METRICS)
     dropped = [m.value for m in metrics if m.name == "learner/policy/dropped_stale"]
     assert dropped and dropped[-1] == 3
@@ -434,7 +453,8 @@ def msgspec_replace(struct, **changes):
 
 
 async def test_role_with_lora_and_two_minibatches(tmp_path: Path, kafka_config) -> None:
-    """LoRA adapters + two optimizer steps per batch: two versions per batch, merged weights published."""
+    """LoRA adapters + two shuffled optimizer steps per batch of whole groups: one version per batch,
+    merged weights published."""
     from transformers import AutoModelForCausalLM
 
     from learners import policy
@@ -445,12 +465,19 @@ async def test_role_with_lora_and_two_minibatches(tmp_path: Path, kafka_config) 
     shutdown = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
-        await send_batches(kafka_config, [sample_batch("l0", 4)])
+        # batch_samples 4: group l0 (3 samples) is not enough, so l1 joins it whole (6 samples)
+        await send_batches(kafka_config, [sample_batch("l0", 3), sample_batch("l1", 3)])
         await wait_for(lambda: len(ckpt.read_lineage(root)) == 2, 60, "two minibatch steps")
+        await wait_for(lambda: ckpt.latest_checkpoint(root) is not None and ckpt.load_state(
+            ckpt.latest_checkpoint(root)).version == 1, 60, "the batch's version checkpointed")  # fmt: skip
         shutdown.set()
-    assert [len(e["keys"]) for e in ckpt.read_lineage(root)] == [2, 2]
+    lineage = ckpt.read_lineage(root)
+    assert [len(e["keys"]) for e in lineage] == [3, 3] and [e["version"] for e in lineage] == [0, 1]
+    keys = [k for e in lineage for k in e["keys"]]
+    assert sorted(keys) == sorted(f"l{g}/{i}/0" for g in range(2) for i in range(3))
+    assert keys[:3] != ["l0/0/0", "l0/1/0", "l0/2/0"]  # shuffled across the two groups (seeded)
     weights = [w for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
-    assert [w.version for w in weights] == [0, 1, 2]
+    assert [w.version for w in weights] == [0, 1]
     v0 = AutoModelForCausalLM.from_pretrained(weights[0].uri).state_dict()
     v2 = AutoModelForCausalLM.from_pretrained(weights[-1].uri).state_dict()
     assert set(v0) == set(v2)  # plain HF names: adapters merged
