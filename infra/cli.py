@@ -47,6 +47,7 @@ ROLES: dict[str, str] = {
     "env-model": "consumers.env_model",
     "policy-learner": "learners.policy",
     "reward-learner": "learners.reward",
+    "evaluator": "consumers.evaluator",
 }
 # modules that add commands to `app` (imported lazily by main(), skipped when absent)
 COMMAND_MODULES: tuple[str, ...] = ()

@@ -51,6 +51,11 @@ class Progress:
     metrics_last: dict[str, float] = field(default_factory=dict)
     series: dict[str, Series] = field(default_factory=lambda: collections.defaultdict(Series))
     difficulty_snapshots: list[tuple[float, dict[int, int]]] = field(default_factory=list)
+    # policy version a rollout started with -> [successes, rollouts]
+    success_by_version: dict[int, list[int]] = field(default_factory=dict)
+    # evaluator: level -> {policy version: held-out success}; reward version -> process accuracy
+    heldout: dict[str, dict[int, float]] = field(default_factory=dict)
+    process_accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
 
     # --- folding ---
@@ -86,6 +91,11 @@ class Progress:
         self.judged_keys.add(judged.key)
         outcome = judged.trajectory.outcome
         self.outcomes.append(outcome)
+        if judged.trajectory.steps:
+            version = min(step.policy_version for step in judged.trajectory.steps)
+            tally = self.success_by_version.setdefault(version, [0, 0])
+            tally[0] += int(outcome == 1)
+            tally[1] += 1
         while len(self.outcomes) > self.success_window:
             self.outcomes.popleft()
         # Verdict agreement: a verdict agrees when it has the sign of the rollout's outcome.
@@ -101,6 +111,10 @@ class Progress:
 
     def _apply_metric(self, metric: ev.Metric, timestamp: float) -> None:
         self.metrics_last[metric.name] = metric.value
+        if metric.name == "eval/policy/success":
+            self.heldout.setdefault(metric.labels.get("level", "?"), {})[metric.step] = metric.value
+        elif metric.name in ("eval/reward/accuracy", "eval/reward/balanced_accuracy"):
+            self.process_accuracy.setdefault(metric.name.rsplit("/", 1)[1], {})[metric.step] = metric.value
         if metric.name.endswith("staleness"):
             self.staleness.append(metric.value)
         for model in ("policy", "reward"):
@@ -156,5 +170,13 @@ class Progress:
             if self.verdict_total
             else 0.0,
             "dlq": self.dlq,
+            # newest held-out evaluation per level, newest process accuracy: {"v": version, "value": x}
+            "heldout_success": {lv: _newest(by_v) for lv, by_v in sorted(self.heldout.items())},
+            "process_accuracy": {k: _newest(by_v) for k, by_v in sorted(self.process_accuracy.items())},
             "lag": dict(lag or {}),
         }
+
+
+def _newest(by_version: dict[int, float]) -> dict[str, float]:
+    version = max(by_version)
+    return {"version": version, "value": round(by_version[version], 4)}

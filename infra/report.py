@@ -55,7 +55,40 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
         ax.grid(alpha=0.3)
         save(fig, name, caption)
 
-    plot_lines("success_rate", "Rolling success rate of judged rollouts", ["success_rate"], "success")
+    # Success per policy version: rollouts by the version they started with (marker size ~ count),
+    # and the evaluator's held-out success of evaluated versions, per level.
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    if progress.success_by_version:
+        versions = sorted(progress.success_by_version)
+        tallies = [progress.success_by_version[v] for v in versions]
+        ax.scatter(versions, [w / n for w, n in tallies], s=[8 + 2 * n for _, n in tallies], alpha=0.5,
+                   label="training rollouts (by starting version)")  # fmt: skip
+    for level, by_version in sorted(progress.heldout.items()):
+        xs = sorted(by_version)
+        ax.plot(xs, [by_version[v] for v in xs], marker="o", label=f"held-out, level {level}")
+    if not progress.success_by_version and not progress.heldout:
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    save(fig, "success_by_version", "Success per policy version: training rollouts and held-out evaluation")
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for name, by_version in sorted(progress.process_accuracy.items()):
+        xs = sorted(by_version)
+        ax.plot(xs, [by_version[v] for v in xs], marker="o", label=name)
+    if progress.process_accuracy:
+        ax.legend(loc="best", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("reward-model version")
+    ax.set_ylabel("process accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    save(fig, "process_accuracy", "Reward-model process accuracy on held-out steps (environment step labels)")
     plot_lines(
         "versions",
         "Policy and reward-model versions",

@@ -94,6 +94,19 @@ def test_progress_counts_effects_not_deliveries_and_derives_every_status_key():
     assert snap["verdict_agreement"] == round(3 / 5, 4)
     assert snap["dlq"] == 1 and snap["lag"] == {"actors": 3}
     assert p.difficulty_spread() == {0: 1, 1: 1}
+    assert p.success_by_version == {0: [1, 2]}  # both rollouts started at v0, one succeeded
+
+
+def test_progress_folds_evaluations_per_version():
+    p = Progress()
+    for version, level, value in ((0, "3", 0.25), (4, "3", 0.5), (4, "5", 0.125), (0, "3", 0.3)):
+        metric = ev.Metric(role="evaluator", name="eval/policy/success", value=value, step=version, labels={"level": level})
+        p.apply(tp.METRICS, metric, 1.0)
+    p.apply(tp.METRICS, ev.Metric(role="evaluator", name="eval/reward/accuracy", value=0.6, step=2), 1.0)
+    assert p.heldout == {"3": {0: 0.3, 4: 0.5}, "5": {4: 0.125}}  # a re-evaluated version: last wins
+    snap = p.snapshot()
+    assert snap["heldout_success"] == {"3": {"version": 4, "value": 0.5}, "5": {"version": 4, "value": 0.125}}
+    assert snap["process_accuracy"] == {"accuracy": {"version": 2, "value": 0.6}}
 
 
 def test_report_writes_every_plot_and_a_page(tmp_path):
@@ -106,10 +119,14 @@ def test_report_writes_every_plot_and_a_page(tmp_path):
         )
         p.apply(tp.JUDGED, _judged(f"r{i}", 0, 1 if i % 2 else -1, [1, -1, 1]), 101.0 + 30 * i)
     p.apply(tp.TASKS, _task("a"), 100.0)
+    p.apply(tp.METRICS, ev.Metric(role="evaluator", name="eval/policy/success", value=0.4, step=0,
+                                  labels={"level": "2"}), 100.0)  # fmt: skip
+    p.apply(tp.METRICS, ev.Metric(role="evaluator", name="eval/reward/accuracy", value=0.6, step=0), 100.0)
     index = write_report(p, tmp_path / "report")
     page = index.read_text()
     for name in [
-        "success_rate",
+        "success_by_version",
+        "process_accuracy",
         "versions",
         "variants",
         "verdict_agreement",
