@@ -77,11 +77,10 @@ class HFBackend:
             return []
         with self._lock:
             prompt_ids = [self._fit_prompt(encode_prompt(self.tokenizer, p), max_tokens) for p in prompts]
-            rows = [ids for ids in prompt_ids for _ in range(n)]
             generator = None
             if seed is not None:
                 generator = torch.Generator(device=self.device).manual_seed(seed)
-            tokens, logprobs, finished = self._sample(rows, temperature, max_tokens, generator, stop)
+            tokens, logprobs, finished = self._sample(prompt_ids, n, temperature, max_tokens, generator, stop)
             version = self.version
         out: list[list[Completion]] = []
         for i, ids in enumerate(prompt_ids):
@@ -101,15 +100,19 @@ class HFBackend:
 
     def _sample(
         self,
-        rows: list[list[int]],
+        prompts: list[list[int]],
+        n: int,
         temperature: float,
         max_tokens: int,
         generator: torch.Generator | None,
         stop: list[str] | None,
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """Sample up to max_tokens per row; returns tokens, logprobs and whether each row hit eos."""
+        """Sample n completions of each prompt, up to max_tokens each; returns tokens, logprobs and
+        whether each row hit eos, rows ordered prompt-major (row i * n + j). Each prompt is prefilled
+        once and its KV cache copied n times (a judge's m verdicts share one prompt)."""
         from transformers import DynamicCache
 
+        rows = prompts
         batch, width = len(rows), max(len(r) for r in rows)
         pad_id = self.tokenizer.pad_token_id
         eos_id = self.tokenizer.eos_token_id
@@ -121,19 +124,19 @@ class HFBackend:
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                            past_key_values=cache, use_cache=True).logits[:, -1, :]  # fmt: skip
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            attention, positions = attention.repeat_interleave(n, dim=0), positions.repeat_interleave(n, dim=0)
+            batch *= n
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         hit_eos = torch.zeros(batch, dtype=torch.bool, device=self.device)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
-        step_ids, step_pos = input_ids, positions
-        for _ in range(max_tokens):
-            logits = self.model(
-                input_ids=step_ids,
-                attention_mask=attention,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1, :]
+        step_pos = positions
+        for t in range(max_tokens):
             if temperature > 0:
                 probs = torch.softmax(logits.float() / temperature, dim=-1)
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -149,13 +152,19 @@ class HFBackend:
                 for i in (~done).nonzero().flatten().tolist():
                     text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
                     done[i] = any(s in text for s in stop)
-            if bool(done.all()):
+            if bool(done.all()) or t == max_tokens - 1:
                 break
-            step_ids = nxt.unsqueeze(-1)
             step_pos = step_pos[:, -1:] + 1
             attention = torch.cat(
                 [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1
             )
+            logits = self.model(
+                input_ids=nxt.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1, :]
         return tokens, logprobs, hit_eos.tolist()
 
     def _completion(
