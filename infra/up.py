@@ -30,6 +30,7 @@ ROLE_ORDER = [
     "env-model",
     "policy-learner",
     "reward-learner",
+    "evaluator",
     "judge",
     "actor",
     "scheduler",
@@ -63,6 +64,7 @@ class UpOptions:
     max_restarts: int = 3
     grace_s: float = 20.0
     env: dict[str, str] = field(default_factory=dict)  # config overrides handed to every role
+    without: frozenset[str] = frozenset()  # roles not started (e.g. a frozen reward model, a static env)
 
 
 def role_command(role: str) -> list[str]:
@@ -186,7 +188,10 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
             env["FORGESTREAM_CONFIG"] = str(Path(options.config_path).resolve())
         procs: list[RoleProcess] = []
         for role in ROLE_ORDER:
-            copies = {"actor": options.actors, "judge": options.judges}.get(role, 1)
+            copies = {"actor": options.actors, "judge": options.judges,
+                      "evaluator": int(config.evaluator.enabled)}.get(role, 1)  # fmt: skip
+            if role in options.without:
+                continue
             for i in range(copies):
                 procs.append(
                     RoleProcess(role, i, workdir / "logs" / f"{role}{'' if i == 0 else f'-{i}'}.log")

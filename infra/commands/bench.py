@@ -13,6 +13,7 @@ BENCHMARKS = {
     "generation": "generation.py",
     "fanout": "weight_fanout.py",
     "learner": "learner_throughput.py",
+    "learning": "learning.py",
 }
 
 

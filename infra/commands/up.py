@@ -35,6 +35,11 @@ def up(
     live: Annotated[
         bool | None, typer.Option(help="Live table (default: when stdout is a terminal).")
     ] = None,
+    without: Annotated[
+        list[str] | None,
+        typer.Option(help="Do not start this role (repeatable): reward-learner freezes the reward model, "
+                          "env-model keeps the task set static."),  # fmt: skip
+    ] = None,
 ) -> None:
     """Broker, topics, models and every role on this machine, with live progress."""
     import sys
@@ -53,6 +58,14 @@ def up(
         "reward_model.preset": reward_preset,
     }
     cfg = build_config(config, flags)
+    from infra.cli import ROLES
+
+    skipped = frozenset(without or ())
+    optional = {"reward-learner", "env-model", "evaluator"}
+    if skipped - optional:
+        bad = sorted(skipped - optional)[0]
+        what = "a role the loop needs" if bad in ROLES else "not a role"
+        fail(f"--without {bad}: {what}; only reward-learner, env-model or evaluator can be left out")
     if bootstrap is not None:
         require_broker(cfg.kafka)
     # Roles are separate processes: hand them the same overrides through the environment.
@@ -71,6 +84,7 @@ def up(
         judges=judges,
         live=sys.stdout.isatty() if live is None else live,
         env=env,
+        without=skipped,
     )
     try:
         code = anyio.run(run_up, cfg, options)

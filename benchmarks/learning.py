@@ -1,0 +1,176 @@
+"""The paper's Table 1 at small scale: which part of the closed loop helps, on held-out tasks.
+
+Rows (household, `tiny` preset, the same wall-clock budget per run):
+- Before   the preset itself;
+- RLVR     λ = 0 (outcome only), reward model frozen (no reward learner), environment static (no env model);
+- Policy   integrated reward R = O + λ·mean S, reward model frozen, environment static;
+- +Reward  the reward model co-trained;
+- +Env     the full loop (env model proposes variants, forge accepts them).
+Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
+newest policy on held-out tasks of the training band (scheduler.seed_difficulty) and of a band two
+levels harder that nothing trained on; rows that train the reward model also get its process accuracy.
+Writes benchmarks/results/learning.json, learning.png and a markdown table (README).
+
+    python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+ROWS: dict[str, dict] = {
+    "RLVR": {"without": ["reward-learner", "env-model"], "env": {"FORGESTREAM_SIGNALS__LAM": "0"}},
+    "Policy": {"without": ["reward-learner", "env-model"], "env": {}},
+    "+Reward": {"without": ["env-model"], "env": {}},
+    "+Env": {"without": [], "env": {}},
+}
+
+
+def cli(*args: str, env: dict[str, str], log: Path) -> None:
+    with open(log, "ab") as out:
+        done = subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out)
+    if done.returncode != 0:
+        raise RuntimeError(f"forgestream {' '.join(args)} failed ({done.returncode}); see {log}")
+
+
+def evaluate(workdir: Path, policy: str, levels: str, tasks: int, seed: int, env: dict[str, str],
+             reward_model: str | None = None) -> dict:  # fmt: skip
+    out = workdir / f"eval-{policy}.json"
+    args = ["eval", "--policy", policy, "--levels", levels, "--tasks", str(tasks), "--modes", "sampled",
+            "--seed", str(seed), "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
+    if reward_model:
+        args += ["--reward-model", reward_model]
+    cli(*args, env=env, log=workdir / "eval.log")
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=6.0, help="wall-clock budget of each run")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=40, help="held-out tasks per level")
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of the rows")
+    parser.add_argument("--out", type=Path, default=RESULTS / "learning.json")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    from schemas.config import RunConfig
+
+    band = RunConfig().scheduler.seed_difficulty
+    levels = f"{band},{band + 2}"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"}
+    base_env |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "FORGESTREAM_EVALUATOR__ENABLED": "false"}
+    base = ROOT / ".work" / "bench-learning"
+    runs: list[dict] = []
+    started = time.time()
+    for seed in range(args.seeds):
+        env = base_env | {"FORGESTREAM_SEED": str(seed)}
+        before_dir = base / f"before-s{seed}"
+        before_dir.mkdir(parents=True, exist_ok=True)
+        result = evaluate(before_dir, "preset", levels, args.tasks, seed, env, reward_model="preset")
+        runs.append({"row": "Before", "seed": seed, "eval": result})
+        for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+            spec = ROWS[row]
+            workdir = base / f"{row.strip('+').lower()}-s{seed}"
+            if workdir.exists():
+                subprocess.run(["rm", "-rf", str(workdir)], check=True)
+            workdir.mkdir(parents=True)
+            run_env = env | spec["env"]
+            without = [a for role in spec["without"] for a in ("--without", role)]
+            t0 = time.time()
+            cli("up", "--ephemeral", "--no-live", "--minutes", str(args.minutes), "--workdir", str(workdir),
+                *without, env=run_env, log=workdir / "up.log")  # fmt: skip
+            summary = workdir / "report" / "summary.json"  # up's last snapshot of the run
+            snapshot = json.loads(summary.read_text()) if summary.is_file() else {}
+            trains_rm = "reward-learner" not in spec["without"]
+            result = evaluate(workdir, "latest", levels, args.tasks, seed, run_env,
+                              reward_model="latest" if trains_rm else None)  # fmt: skip
+            runs.append({"row": row, "seed": seed, "eval": result, "run_s": time.time() - t0,
+                         "status": snapshot})  # fmt: skip
+            print(f"{row} seed {seed}: {summarize_run(result, band)}", flush=True)
+    table = aggregate(runs, band)
+    out = {"machine": "2 cores, no GPU", "minutes_per_run": args.minutes, "seeds": args.seeds,
+           "tasks_per_level": args.tasks, "band": band, "harder": band + 2, "table": table, "runs": runs,
+           "wall_s": time.time() - started}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    plot(table, band, args.out.with_suffix(".png"))
+    print(markdown(table, band, args.minutes, args.seeds))
+
+
+def summarize_run(result: dict, band: int) -> dict:
+    by_level = result["policy_results"]["sampled"]
+    out = {f"level {lv}": round(r["success"], 3) for lv, r in by_level.items()}
+    if "process_accuracy" in result:
+        out["process_accuracy"] = round(result["process_accuracy"].get("accuracy", 0.0), 3)
+    return out
+
+
+def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
+    """Per row: mean and spread over seeds of held-out success per band, pooled successes / tasks,
+    process accuracy, accepted variants."""
+    from infra.evaluation import wilson
+
+    table: dict[str, dict] = {}
+    for row in dict.fromkeys(r["row"] for r in runs):
+        mine = [r for r in runs if r["row"] == row]
+        entry: dict = {"seeds": len(mine)}
+        for name, level in (("band", band), ("harder", band + 2)):
+            results = [r["eval"]["policy_results"]["sampled"][str(level)] for r in mine]
+            rates = [x["success"] for x in results]
+            wins, n = sum(x["successes"] for x in results), sum(x["tasks"] for x in results)
+            entry[name] = {"mean": statistics.fmean(rates), "sd": statistics.pstdev(rates), "pooled": wins / n,
+                           "ci95": wilson(wins, n), "invalid": statistics.fmean(x["invalid_rate"] for x in results)}  # fmt: skip
+        accs = [r["eval"]["process_accuracy"]["accuracy"] for r in mine if r["eval"].get("process_accuracy", {}).get("steps")]
+        entry["process_accuracy"] = statistics.fmean(accs) if accs else None
+        accepted = [r.get("status", {}).get("variants_accepted") for r in mine if r.get("status")]
+        entry["variants_accepted"] = statistics.fmean(accepted) if accepted else None
+        table[row] = entry
+    return table
+
+
+def markdown(table: dict[str, dict], band: int, minutes: float, seeds: int) -> str:
+    lines = [f"| row | held-out success, level {band} (trained) | level {band + 2} (harder) | invalid | "
+             "process accuracy | variants accepted |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for row, e in table.items():
+        pa = "—" if e["process_accuracy"] is None else f"{e['process_accuracy']:.2f}"
+        va = "—" if e["variants_accepted"] is None else f"{e['variants_accepted']:.1f}"
+        b, h = e["band"], e["harder"]
+        lines.append(f"| {row} | {b['mean']:.2f} ± {b['sd']:.2f} [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}] | "
+                     f"{h['mean']:.2f} ± {h['sd']:.2f} | {b['invalid']:.2f} | {pa} | {va} |")  # fmt: skip
+    lines.append(f"\n{minutes:g} min per run, {seeds} seeds; mean ± sd over seeds, [95 % Wilson interval of the pooled tasks].")
+    return "\n".join(lines)
+
+
+def plot(table: dict[str, dict], band: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(table)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for offset, (name, label) in enumerate((("band", f"level {band} (trained)"), ("harder", f"level {band + 2}"))):
+        xs = [i + (offset - 0.5) * 0.38 for i in range(len(rows))]
+        ax.bar(xs, [table[r][name]["mean"] for r in rows], width=0.36, yerr=[table[r][name]["sd"] for r in rows],
+               label=label, capsize=3)  # fmt: skip
+    ax.set_xticks(range(len(rows)), rows)
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    main()
