@@ -30,6 +30,7 @@ session_timeout_s = 6.0
 heartbeat_interval_s = 0.5
 
 [scheduler]
+seed_difficulty = 2
 seed_tasks = 8
 rollouts_per_task = 4
 max_concurrent_requests = 16
@@ -49,6 +50,11 @@ lr = 1e-5
 [reward_learner]
 batch_samples = 16
 eta = 4
+
+[evaluator]
+tasks_per_level = 4
+reward_steps = 8
+max_steps = 8
 """
 
 

@@ -223,6 +223,17 @@ class HouseholdEnv:
             episode.step(response)
         return responses
 
+    def expert_response(self, episode: HouseholdEpisode) -> str | None:
+        """The first step of a shortest solution from the episode's current state (None if done or
+        stuck): the label for states off the oracle's path (demonstrations with detours)."""
+        if episode.done:
+            return None
+        path = episode.world.shortest_path(episode.state)
+        if not path:
+            return None
+        actions = episode.world.actions(episode.state)
+        return f"\\boxed{{{next(i for i, (_, op) in enumerate(actions) if op == path[0])}}}"
+
     @staticmethod
     def signature_of(params: dict[str, Any]) -> str:
         blob = json.dumps(_canonical(params), sort_keys=True, separators=(",", ":"))

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from envs.seeds import training_rng
+
 log = logging.getLogger(__name__)
 
 CORPUS_VERSION = 1
@@ -43,7 +45,7 @@ def available_environments(domains: Iterable[str] | None = None) -> dict[str, An
 
 
 def _task(env: Any, rng: random.Random) -> Any:
-    return env.sample_task(rng.randrange(env.levels), random.Random(rng.getrandbits(64)))
+    return env.sample_task(rng.randrange(env.levels), training_rng(rng))
 
 
 def _oracle_walk(env: Any, task: Any) -> Iterator[tuple[Any, int, str]]:
@@ -56,8 +58,53 @@ def _oracle_walk(env: Any, task: Any) -> Iterator[tuple[Any, int, str]]:
         episode.step(response)
 
 
+# Demonstrations with detours: per episode a detour rate in [0, DETOUR_MAX]; at each turn a random
+# admissible action with that probability, an invalid answer with INVALID_P; every state reached is
+# labelled with the expert's response from it, so the policy learns to recover (and what the prompt
+# looks like after an invalid answer) instead of only the oracle's own path.
+DETOUR_MAX = 0.3
+PAIRS_PER_EPISODE = 4
+INVALID_P = 0.05
+INVALID_ANSWERS = ("\\boxed{99}", "\\boxed{", "boxed{1}", "I will look around.", "\\boxed{-1}", "")
+
+
+def _detour(episode: Any, rng: random.Random) -> str:
+    """A random admissible action, by index."""
+    return f"\\boxed{{{rng.randrange(len(episode.admissible()))}}}"
+
+
+def _mistake(episode: Any, rng: random.Random) -> str:
+    """A reward-model negative candidate: an invalid answer 1 time in 4, else a detour."""
+    return rng.choice(INVALID_ANSWERS) if rng.random() < 0.25 else _detour(episode, rng)
+
+
+def _walk(env: Any, task: Any, rng: random.Random) -> Iterator[tuple[Any, list[str], str]]:
+    """(episode before the step, responses so far, expert response) at each state of an episode.
+
+    Domains with `expert_response(episode)` get a noisy walk (detours and invalid answers, labelled
+    from the state reached); the others the oracle's own path. The episode is live: read it before
+    advancing the iterator."""
+    expert = getattr(env, "expert_response", None)
+    if expert is None:
+        oracle = list(env.oracle(task))
+        for episode, i, response in _oracle_walk(env, task):
+            yield episode, oracle[:i], response
+        return
+    episode, history = env.reset(task), []
+    detour = rng.uniform(0.0, DETOUR_MAX)
+    while not episode.done:
+        best = expert(episode)
+        if best is None:
+            return
+        yield episode, list(history), best
+        u = rng.random()
+        response = rng.choice(INVALID_ANSWERS) if u < INVALID_P else _detour(episode, rng) if u < INVALID_P + detour else best
+        episode.step(response)
+        history.append(response)
+
+
 def policy_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
-    """Endless (prompt, oracle response) pairs, tasks drawn uniformly over domains and difficulties."""
+    """Endless (prompt, expert response) pairs, tasks drawn uniformly over domains and difficulties."""
     envs_by_domain = available_environments(domains)
     if not envs_by_domain:
         raise RuntimeError(f"no bootstrap domain available among {domains}")
@@ -65,31 +112,34 @@ def policy_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
     names = sorted(envs_by_domain)
     while True:
         env = envs_by_domain[rng.choice(names)]
-        for episode, _, response in _oracle_walk(env, _task(env, rng)):
-            yield episode.prompt(), response
+        pairs = [(episode.prompt(), response) for episode, _, response in _walk(env, _task(env, rng), rng)]
+        # a few states per episode: every level weighs about the same, not in proportion to its length
+        yield from rng.sample(pairs, min(len(pairs), PAIRS_PER_EPISODE))
 
 
-def _judge_example(env: Any, task: Any, k: int, response: str, oracle: list[str]) -> tuple[str, int] | None:
-    """The judge prompt for taking `response` after k oracle steps of `task`, with its label."""
+def _judge_example(env: Any, task: Any, history: list[str], response: str, best: str) -> tuple[str, int] | None:
+    """The judge prompt for taking `response` after `history` in `task`, with its label: the env's
+    `step_is_progress` where it has one, else "equals the expert's response" `best`."""
     from envs.judging import judge_prompt
 
     episode = env.reset(task)
-    for r in oracle[:k]:
+    for r in history:
         episode.step(r)
     if episode.done:
         return None
-    context = episode.judge_context(k)
+    context = episode.judge_context(len(history))
     progress = getattr(env, "step_is_progress", None)
     if progress is not None:
-        label = bool(progress(task, oracle[:k], response))
+        label = bool(progress(task, history, response))
     else:
-        label = response.strip() == oracle[k].strip()
+        label = response.strip() == best.strip()
     result = episode.step(response)
     return judge_prompt(context, response, result.observation), (1 if label else -1)
 
 
 def reward_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
-    """Endless (judge prompt, verdict) pairs, half good steps and half bad ones."""
+    """Endless (judge prompt, verdict) pairs, half good steps and half bad ones, at states of the
+    same walks the policy learns from (long histories, detours and invalid answers included)."""
     envs_by_domain = available_environments(domains)
     if not envs_by_domain:
         raise RuntimeError(f"no bootstrap domain available among {domains}")
@@ -101,21 +151,24 @@ def reward_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
         domain = rng.choice(names)
         env = envs_by_domain[domain]
         task = _task(env, rng)
-        oracle = list(env.oracle(task))
-        if not oracle:
+        states = [(history, best, _mistake(episode, rng) if hasattr(env, "expert_response") else None)
+                  for episode, history, best in _walk(env, task, rng)]  # fmt: skip
+        if not states:
             continue
         pool = pools[domain]
-        pool.extend(oracle)
+        pool.extend(best for _, best, _ in states)
         del pool[:-512]
-        k = rng.randrange(len(oracle))
+        history, best, mistake = states[rng.randrange(len(states))]
         if want == 1:
-            candidate = oracle[k]
+            candidate = best
+        elif mistake is not None:
+            candidate = mistake
         else:
-            others = [r for r in pool if r.strip() != oracle[k].strip()]
+            others = [r for r in pool if r.strip() != best.strip()]
             if not others:
                 continue
             candidate = rng.choice(others)
-        example = _judge_example(env, task, k, candidate, oracle)
+        example = _judge_example(env, task, history, candidate, best)
         if example is None or example[1] != want:
             continue
         yield example[0], GOOD if want == 1 else BAD
@@ -141,7 +194,7 @@ def corpus_texts(domains: list[str], *, seed: int, tasks_per_level: int = 12) ->
         per_level = tasks_per_level if domain != "code" else 3  # code steps run the sandbox
         for level in range(env.levels):
             for _ in range(per_level):
-                task = env.sample_task(level, random.Random(rng.getrandbits(64)))
+                task = env.sample_task(level, training_rng(rng))
                 for episode, _, response in _oracle_walk(env, task):
                     yield episode.prompt()
                     yield response
