@@ -250,3 +250,16 @@ def test_topic_names_prefix() -> None:
 def test_metric_round_trip_property(value: float, step: int, labels: dict[str, str]) -> None:
     metric = ev.Metric(role="r", name="x/y", value=value, step=step, labels=labels)
     assert codec.decode(codec.encode(metric), ev.Metric) == metric
+
+
+def test_overriding_one_reward_model_field_keeps_its_other_defaults() -> None:
+    """`up` hands FORGESTREAM_REWARD_MODEL__PRESET to every role: the judges must build the same
+    reward preset as `up` (they once rebuilt the section from the policy's defaults)."""
+    from infra.config import load_config
+
+    plain = load_config(environ={})
+    overridden = load_config(environ={"FORGESTREAM_REWARD_MODEL__PRESET": "tiny"})
+    assert overridden.reward_model == plain.reward_model
+    assert plain.reward_model.bootstrap_sft_seconds != plain.policy_model.bootstrap_sft_seconds
+    flagged = load_config(environ={}, flags={"reward_model.temperature": 0.8, "policy_model.preset": "tiny"})
+    assert flagged.reward_model.max_new_tokens == 24
