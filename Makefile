@@ -32,7 +32,7 @@ $(NPM_PREFIX)/node_modules/.bin/s3rver:
 	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund s3rver
 
 run: setup
-	$(VENV)/bin/forgestream up --minutes 5 --workdir .work/run
+	$(VENV)/bin/forgestream up --minutes 12 --workdir .work/run
 
 test: setup
 	$(VENV)/bin/ruff check .
