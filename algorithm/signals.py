@@ -12,7 +12,11 @@ advantage. Rules (DESIGN section 2):
   outweigh a 4-step success tenfold (the loss is a mean over samples). An all-fail or
   all-success group would train on reward-model noise alone (measured: held-out success fell).
 - reward model: only if lo <= group accuracy <= hi; per (rollout, step) the m raw rewards are
-  consistency_raw(R, verdicts) (or the given scores) z-scored together; zero advantages dropped.
+  consistency_raw(R, verdicts) (or the given scores) z-scored together; zero advantages dropped. The
+  consistency reward pays a verdict for agreeing with the rollout's outcome, and failed rollouts run
+  longer: unweighted, most samples push towards "bad" and the reward model collapsed to one verdict
+  (measured), after which unanimous verdicts give it no signal at all. With rm_outcome_balance the
+  steps of successful and of failed rollouts weigh the same in total (`outcome_balance`).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def group_signals(
     policy_acc_low: float = POLICY_ACC_LOW,
     policy_acc_high: float = POLICY_ACC_HIGH,
     episode_weighting: bool = False,
+    rm_outcome_balance: bool = False,
     scores: Scores | None = None,
     atol: float = ZERO_ADVANTAGE_ATOL,
 ) -> GroupSignals:
@@ -109,12 +114,14 @@ def group_signals(
     reward: list[RewardTarget] = []
     reward_dropped = 0
     if eligible:
+        weights = outcome_balance(outcomes, [len(row) for row in verdicts]) if rm_outcome_balance else None
         for r, rollout_verdicts in enumerate(verdicts):
             for k, step_verdicts in enumerate(rollout_verdicts):
                 raw = _raw_step_scores(scores, r, k, len(step_verdicts))
                 if raw is None:
                     raw = consistency_raw(step_rewards[r][k], step_verdicts)
-                for j, (value, advantage) in enumerate(zip(raw, zscore(raw), strict=True)):
+                scaled = [a * weights[r] for a in zscore(raw)] if weights else zscore(raw)
+                for j, (value, advantage) in enumerate(zip(raw, scaled, strict=True)):
                     if abs(advantage) > atol:
                         reward.append(RewardTarget(r, k, j, value, advantage))
                     else:
@@ -131,6 +138,18 @@ def group_signals(
         policy_dropped_group=0 if policy_eligible else sum(len(row) for row in step_rewards),
         reward_dropped_zero=reward_dropped,
     )
+
+
+def outcome_balance(outcomes: Sequence[int], lengths: Sequence[int]) -> list[float]:
+    """Per rollout, the weight that gives the steps of successful and of failed rollouts equal total
+    weight (mean weight 1 over the steps): T / (2 · T_class) for a rollout whose class has T_class of the
+    T steps; 1 for everyone when one class has no steps."""
+    total = sum(lengths)
+    won = sum(n for o, n in zip(outcomes, lengths, strict=True) if o > 0)
+    lost = total - won
+    if won == 0 or lost == 0:
+        return [1.0] * len(outcomes)
+    return [total / (2 * (won if o > 0 else lost)) for o in outcomes]
 
 
 def _raw_step_scores(scores: Scores | None, r: int, k: int, m: int) -> list[float] | None:

@@ -38,6 +38,7 @@ def build_samples(
         policy_acc_low=config.policy_acc_low,
         policy_acc_high=config.policy_acc_high,
         episode_weighting=config.episode_weighting,
+        rm_outcome_balance=config.rm_outcome_balance,
         scores=scores,
     )
     policy: list[PolicySample] = []

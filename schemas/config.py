@@ -136,6 +136,9 @@ class SignalsConfig(Config, frozen=True, kw_only=True):
     """Policy samples only from groups whose accuracy lies in [low, high] (the released code's 1/8, 7/8:
     with n = 8, mixed-outcome groups only). 0 and 1 also train all-fail / all-success groups on the
     verdicts alone."""
+    rm_outcome_balance: bool = True
+    """Weight reward-model samples so the steps of successful and of failed rollouts count the same in
+    total; without it a 12-minute run collapsed the reward model to "every step is bad" (said_good 0.0)."""
     episode_weighting: bool = False
     """Scale each rollout's policy advantages by (mean rollout length in the group / its length), so every
     episode weighs the same in the learner's sample-mean loss instead of in proportion to its length."""

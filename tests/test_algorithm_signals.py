@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from algorithm import GroupSignals, PolicyTarget, RewardTarget, group_signals
+from algorithm.signals import outcome_balance
 
 approx = pytest.approx
 
@@ -133,3 +134,29 @@ def test_episode_weighting_scales_each_rollout_to_the_mean_length() -> None:
     # r1 step 0: -0.700140 * 2/3 = -0.466760; r2 step 0: 0.980196 * 2 = 1.960392
     assert weighted.policy[2].advantage == approx(-0.466760, abs=1e-6)
     assert weighted.policy[4].advantage == approx(1.960392, abs=1e-6)
+
+
+def test_reward_samples_balance_successful_and_failed_steps() -> None:
+    # One 1-step success and one 3-step failure, m = 2 split verdicts on every step.
+    # success step: R = 1 + 0 = 1, raw [1, -1] -> z [1, -1]: pushes "good"
+    # failure steps: R = -1, raw [-1, 1] -> z [-1, 1]: each pushes "bad"
+    outcomes, verdicts = [1, -1], [[[1, -1]], [[1, -1]] * 3]
+    plain = group_signals(outcomes, verdicts, rm_acc_low=0.0, rm_acc_high=1.0)
+
+    def push(signals) -> dict[int, float]:  # total advantage on each verdict value
+        out = {1: 0.0, -1: 0.0}
+        for t in signals.reward:
+            if t.advantage > 0:
+                out[verdicts[t.rollout][t.step][t.judgement]] += t.advantage
+        return out
+
+    assert push(plain) == {1: approx(1.0), -1: approx(3.0)}  # 3:1 for "bad": the collapse
+    balanced = group_signals(outcomes, verdicts, rm_acc_low=0.0, rm_acc_high=1.0, rm_outcome_balance=True)
+    # T = 4 steps: success weight 4 / (2 * 1) = 2, failure weight 4 / (2 * 3) = 2/3
+    assert push(balanced) == {1: approx(2.0), -1: approx(2.0)}
+    assert [t.reward for t in balanced.reward] == [t.reward for t in plain.reward]  # raw rewards unchanged
+
+
+def test_outcome_balance_weights() -> None:
+    assert outcome_balance([1, -1, -1], [2, 3, 5]) == approx([2.5, 0.625, 0.625])  # 10 / (2*2), 10 / (2*8)
+    assert outcome_balance([-1, -1], [2, 3]) == [1.0, 1.0]
