@@ -87,6 +87,8 @@ A_POLICY = {
 A_REWARD = {"A/0/1/0": (1.0, 1.0), "A/0/1/1": (-1.0, -1.0), "A/2/0/0": (1.5, 1.0), "A/2/0/1": (-2.0, -1.0)}
 # Group B (n=2, both succeed): R = [2], [1] -> advantages +1, -1; accuracy 1.0 -> no reward samples.
 B_POLICY = {"B/0/0": (2.0, 1.0), "B/1/0": (1.0, -1.0)}
+# The role tests open the policy group filter (default: accuracy in [1/8, 7/8]) so that B trains.
+OPEN = SignalsConfig(group_timeout_s=60.0, policy_acc_low=0.0, policy_acc_high=1.0)
 
 
 def group_a() -> list[JudgedTrajectory]:
@@ -111,6 +113,14 @@ def test_build_samples_matches_hand_computed_numbers() -> None:
     assert (first.prompt_token_ids, first.response_token_ids, first.policy_version) == ([2, 0], [102, 100], 3)
     rm = next(s for s in reward.samples if s.sample_key == "A/2/0/1")
     assert (rm.prompt_token_ids, rm.reward_version) == ([2, 0, 1], 2)
+
+
+def test_default_filter_trains_no_policy_step_on_an_all_success_group() -> None:
+    group = group_b()
+    policy, reward, signals_ = build_samples("B", group, SignalsConfig())
+    assert policy.samples == [] and reward.samples == [] and signals_.policy_dropped_group == 2
+    opened, _, _ = build_samples("B", group, OPEN)
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in opened.samples} == B_POLICY
 
 
 def test_code_domain_scores_replace_consistency_rewards() -> None:
@@ -208,7 +218,8 @@ def keyed(batches: list[Any]) -> dict[str, tuple[float, float]]:
 
 @pytest.mark.timeout(90)
 async def test_signals_role_end_to_end(kafka_config: Any) -> None:
-    config = RunConfig(kafka=kafka_config, signals=SignalsConfig(group_timeout_s=60.0))
+    # every group trains here (group B succeeds twice): the role's plumbing, not the group filter
+    config = RunConfig(kafka=kafka_config, signals=OPEN)
     shutdown = anyio.Event()
     n_parts = topics.TOPICS[topics.JUDGED].partitions
     variant = TaskSpec(
@@ -293,7 +304,8 @@ async def test_archive_writes_each_judged_trajectory_once(kafka_config: Any, tmp
 
 @pytest.mark.timeout(90)
 async def test_signals_restart_rebuilds_an_open_group_from_the_watermark(kafka_config: Any) -> None:
-    config = RunConfig(kafka=kafka_config, signals=SignalsConfig(group_timeout_s=60.0))
+    # every group trains here (group B succeeds twice): the role's plumbing, not the group filter
+    config = RunConfig(kafka=kafka_config, signals=OPEN)
     probe_id = same_partition_key("B", "A", topics.TOPICS[topics.JUDGED].partitions)
     a = group_a()
     async with Bus(kafka_config, role="test") as bus:

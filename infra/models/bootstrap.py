@@ -8,7 +8,8 @@
   label is `env.step_is_progress(task, history, response)` when the env has it, else "equals the
   oracle's next response". Labels are balanced.
 - `sft`: loss on answer tokens only, batch 32, AdamW lr 2e-3 decaying linearly to 10 %, seeded.
-- `success_rate`: sampled success of a backend on fresh tasks of one difficulty.
+- `verdict_accuracy`: a reward model's verdicts against the labels of fresh bootstrap examples
+  (held-out policy success and process accuracy live in infra/evaluation.py).
 Every stream is a pure function of its seed.
 """
 
@@ -258,39 +259,6 @@ def sft(
         "final_loss": sum(tail) / len(tail),
         "seconds": time.perf_counter() - started,
     }
-
-
-def success_rate(
-    backend: Any,
-    domain: str,
-    *,
-    difficulty: int,
-    episodes: int,
-    temperature: float,
-    max_tokens: int,
-    max_steps: int = 40,
-    seed: int = 12345,
-    parallel: int = 16,
-) -> float:
-    """Fraction of `episodes` fresh tasks at `difficulty` the backend solves, sampling at `temperature`."""
-    import envs
-
-    env = envs.get_environment(domain)
-    rng = random.Random(seed)
-    wins = 0
-    for start in range(0, episodes, parallel):
-        running = [env.reset(env.sample_task(difficulty, random.Random(rng.getrandbits(64))))
-                   for _ in range(min(parallel, episodes - start))]  # fmt: skip
-        for turn in range(max_steps):
-            live = [e for e in running if not e.done]
-            if not live:
-                break
-            outs = backend.generate([e.prompt() for e in live], temperature=temperature,
-                                    max_tokens=max_tokens, seed=seed + start * max_steps + turn)  # fmt: skip
-            for e, group in zip(live, outs, strict=True):
-                e.step(group[0].text)
-        wins += sum(1 for e in running if e.done and e.outcome == 1)
-    return wins / episodes
 
 
 def verdict_accuracy(
