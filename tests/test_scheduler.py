@@ -116,6 +116,7 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
     cfg = SchedulerConfig(
         domain="household",
         seed_tasks=3,
+        seed_difficulty=0,
         rollouts_per_task=2,
         max_concurrent_requests=4,
         batch_size=1,
