@@ -20,7 +20,7 @@ import anyio
 
 from envs import get_environment
 from infra.bus import Bus
-from infra.evaluation import PlayedStep, play_heldout, process_accuracy, summarize_policy
+from infra.evaluation import PlayedStep, evaluate_policy, play_heldout, process_accuracy
 from infra.models import load_backend
 from infra.weights import WeightStore, WeightsWatcher
 from schemas.config import RunConfig
@@ -43,13 +43,9 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     store = WeightStore.for_run(config)
     steps: list[PlayedStep] = []  # fixed labelled steps for the reward model, played once at start
 
-    def evaluate_policy() -> dict[int, dict[str, Any]]:
-        return {
-            level: summarize_policy(play_heldout(policy, domain, level, cfg.tasks_per_level,
-                                                 temperature=pm.temperature, max_tokens=pm.max_new_tokens,
-                                                 max_steps=cfg.max_steps, seed=config.seed))  # fmt: skip
-            for level in levels
-        }
+    def heldout_success() -> dict[str, dict[str, Any]]:
+        return evaluate_policy(policy, domain, levels, cfg.tasks_per_level, temperatures={"sampled": pm.temperature},
+                               max_tokens=pm.max_new_tokens, max_steps=cfg.max_steps, seed=config.seed)["sampled"]  # fmt: skip
 
     def labelled_steps() -> list[PlayedStep]:
         played = play_heldout(policy, domain, levels[0], cfg.tasks_per_level, temperature=pm.temperature,
@@ -65,10 +61,10 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def evaluate(name: str) -> None:
             if name == "policy":
-                results = await anyio.to_thread.run_sync(evaluate_policy)
+                results = await anyio.to_thread.run_sync(heldout_success)
                 for level, r in results.items():
                     for metric in ("success", "invalid_rate", "ci_low", "ci_high", "mean_steps"):
-                        await bus.metric(f"eval/policy/{metric}", r[metric], step=policy.version, level=str(level))
+                        await bus.metric(f"eval/policy/{metric}", r[metric], step=policy.version, level=level)
                 log.info("policy v%d held-out: %s", policy.version,
                          {lv: round(r["success"], 3) for lv, r in results.items()})  # fmt: skip
             else:
