@@ -38,6 +38,11 @@ class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
     advantage: float
     group: str = ""  # request id of the group it came from: batches and the staleness gate keep groups whole
 
+    @property
+    def group_id(self) -> str:
+        """The group a batch keeps whole (a sample without one is a group of its own)."""
+        return self.group or self.key
+
 
 class LearnerState(msgspec.Struct, kw_only=True):
     """Everything besides tensors that a restart needs to continue exactly where it left off."""

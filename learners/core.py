@@ -92,7 +92,7 @@ def whole_groups(samples: list[TrainSample], at_least: int) -> list[TrainSample]
     """The first groups of `samples` (in order of first appearance), whole, until at least `at_least`."""
     order: dict[str, list[TrainSample]] = {}
     for s in samples:
-        order.setdefault(s.group or s.key, []).append(s)
+        order.setdefault(s.group_id, []).append(s)
     batch: list[TrainSample] = []
     for members in order.values():
         if len(batch) >= at_least:
@@ -294,13 +294,12 @@ class Learner:
         of the kept)."""
         oldest: dict[str, int] = {}
         for s in self.pending:
-            g = s.group or s.key
-            oldest[g] = min(oldest.get(g, s.version), s.version)
+            oldest[s.group_id] = min(oldest.get(s.group_id, s.version), s.version)
         groups = list(oldest)
         kept, _ = filter_stale([oldest[g] for g in groups], self.state.version, self.cfg.eta)
         fresh = {groups[i] for i in kept}
         before = len(self.pending)
-        self.pending = [s for s in self.pending if (s.group or s.key) in fresh]
+        self.pending = [s for s in self.pending if s.group_id in fresh]
         dropped = before - len(self.pending)
         self.state.dropped_stale += dropped
         return dropped, [self.state.version - s.version for s in self.pending]

@@ -155,10 +155,11 @@ def train_reward_model(
     ]
     rng = random.Random(seed)
     losses: list[float] = []
+    step = -(-cfg.batch_samples // cfg.minibatches)  # one optimizer step per minibatch, as the live learner
     for _ in range(epochs):
         rng.shuffle(train)
-        for lo in range(0, len(train), cfg.batch_samples):
-            losses.append(trainer.step(train[lo : lo + cfg.batch_samples]).loss)
+        for lo in range(0, len(train), step):
+            losses.append(trainer.step(train[lo : lo + step]).loss)
     return model, tokenizer, losses
 
 
