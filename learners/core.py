@@ -265,6 +265,7 @@ class Learner:
         self.offsets = ckpt.offsets_from_state(self.state.offsets)
         self.dirty = False  # progress since the last checkpoint
         self.dropped_invalid = 0  # samples that cannot be trained (empty or inconsistent), this process
+        self.waiting_since: float | None = None  # when an idle topic first left a partial batch waiting
 
     # --- consume ---
     def ingest(self, records: list[Record[Any]]) -> int:
@@ -284,8 +285,14 @@ class Learner:
         self.state.duplicates += dups
         return dups
 
-    def ready(self, idle: bool) -> bool:
-        return len(self.pending) >= self.cfg.batch_samples or (idle and bool(self.pending))
+    def ready(self, idle: bool, now: float | None = None) -> bool:
+        """A full batch, or (the topic idle) a partial one whose oldest sample waited batch_wait_s."""
+        if len(self.pending) >= self.cfg.batch_samples:
+            return True
+        if not (idle and self.pending):
+            return False
+        self.waiting_since = self.waiting_since if self.waiting_since is not None else time.monotonic()
+        return (now if now is not None else time.monotonic()) - self.waiting_since >= self.cfg.batch_wait_s
 
     # --- train ---
     def drop_stale(self) -> tuple[int, list[int]]:
@@ -321,6 +328,7 @@ class Learner:
             stats.lr = lr
             keys = set(stats.keys)
             self.pending = [s for s in self.pending if s.key not in keys]
+            self.waiting_since = None
             self.trained.extend(stats.keys)
             self.state.optimizer_step += 1
             self.state.samples_trained += len(part)

@@ -203,6 +203,10 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     """A batch is whole sample groups (one rollout request each) until it holds at least this many.
     A mixed household group of 8 rollouts is ~100-250 policy samples: at 64, every group was a version
     of its own and the staleness gate dropped 60 % of the policy samples (eta 2) in a 10-minute run."""
+    batch_wait_s: NonNegFloat = 45.0
+    """With the samples topic idle, a partial batch trains once it has waited this long (0: at once).
+    Training every group as it arrived made a version per group, and groups still queued at the judges
+    aged past eta: the staleness gate dropped 55-60 % of the policy samples of a 12-minute run."""
     minibatches: PosInt = 4
     """Shuffled optimizer steps per batch; > 1 makes the clip and the KL act (every step after the first
     moves away from the proximal policy, whose logprobs are taken once per batch)."""

@@ -42,6 +42,7 @@ max_steps = 8
 
 [policy_learner]
 batch_samples = 16
+batch_wait_s = 5.0
 eta = 4
 # This test is about plumbing: a small step keeps the starting success (~0.2-0.5) so groups of
 # mixed outcomes, the only ones that feed the reward model, keep coming.
@@ -49,6 +50,7 @@ lr = 1e-5
 
 [reward_learner]
 batch_samples = 16
+batch_wait_s = 5.0
 eta = 4
 
 [evaluator]

@@ -240,7 +240,8 @@ def role_config(tmp_path: Path, kafka_config, **learner):
     from schemas.config import ModelConfig, RunConfig
 
     # one optimizer step per batch unless a test asks for more: the plumbing tests count steps
-    defaults = dict(lr=1e-2, batch_samples=4, micro_batch_tokens=64, poll_timeout_s=0.3, minibatches=1, warmup_steps=0)
+    defaults = dict(lr=1e-2, batch_samples=4, micro_batch_tokens=64, poll_timeout_s=0.3, minibatches=1, warmup_steps=0,
+                    batch_wait_s=0.0)
     return RunConfig(
         workdir=str(tmp_path / "work"),
         kafka=kafka_config,
