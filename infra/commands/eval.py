@@ -29,21 +29,23 @@ def parse_levels(text: str) -> list[int]:
     return sorted(levels)
 
 
-def resolve_model(spec: str, role: str, model_cfg: Any, workdir: Path) -> Path:
+def resolve_model(spec: str, role: str, model_cfg: Any, run: Any) -> Path:
     """`preset`, `vN` / `latest` (the run's weight store), `hf:PATH` or a folder -> an HF folder."""
     from infra.models import prepare_preset
     from infra.weights import WeightStore
 
     if spec == "preset":
-        return prepare_preset(model_cfg, role=role, workdir=workdir)  # type: ignore[arg-type]
+        return prepare_preset(model_cfg, role=role, workdir=Path(run.workdir))  # type: ignore[arg-type]
     if spec == "latest" or (spec.startswith("v") and spec[1:].isdigit()):
-        store = WeightStore(str(workdir / "weights"))
+        store = WeightStore.for_run(run)
         versions = store.versions(role)
         if not versions:
-            fail(f"{spec}: no {role} version in {workdir / 'weights'} (give --workdir of a run)")
+            fail(f"{spec}: no {role} version in {store.url} (give --workdir of a run)")
         version = versions[-1] if spec == "latest" else int(spec[1:])
         if version not in versions:
             fail(f"{spec}: the store keeps {role} versions {versions}")
+        if not store.local:
+            fail(f"{spec}: the weight store {store.url} is remote; give a downloaded folder instead")
         return Path(store.uri(role, version))
     folder = Path(spec[3:] if spec.startswith("hf:") else spec).expanduser()
     if not (folder / "config.json").is_file():
@@ -86,9 +88,8 @@ def evaluate(
     env = get_environment(cfg.scheduler.domain)
     if level_list[-1] >= env.levels:
         fail(f"--levels: {cfg.scheduler.domain} has levels 0..{env.levels - 1}")
-    run_dir = Path(cfg.workdir)
     pm = cfg.policy_model
-    backend = HFBackend(resolve_model(policy, "policy", pm, run_dir), dtype=pm.dtype, device=pm.device)
+    backend = HFBackend(resolve_model(policy, "policy", pm, cfg), dtype=pm.dtype, device=pm.device)
     temps = {"sampled": pm.temperature, "greedy": 0.0}
     result: dict[str, Any] = {
         "domain": cfg.scheduler.domain,
@@ -103,7 +104,7 @@ def evaluate(
     }
     if reward_model is not None:
         rm = cfg.reward_model
-        judge = HFBackend(resolve_model(reward_model, "reward", rm, run_dir), dtype=rm.dtype, device=rm.device)
+        judge = HFBackend(resolve_model(reward_model, "reward", rm, cfg), dtype=rm.dtype, device=rm.device)
         steps = [s for level in level_list
                  for e in play_heldout(backend, cfg.scheduler.domain, level, tasks, temperature=pm.temperature,
                                        max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed + 1)
