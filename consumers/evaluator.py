@@ -2,8 +2,8 @@
 
 Consumes: forge.weights (follows it; nothing is committed: a restart re-evaluates what it must).
 Produces: metrics on forge.metrics, step = the evaluated version:
-  `eval/policy/success` (label level), `eval/policy/invalid_rate`, `eval/policy/ci_low|ci_high`;
-  `eval/reward/process_accuracy`, `eval/reward/balanced_accuracy`.
+  `eval/policy/{success,invalid_rate,ci_low,ci_high,mean_steps}` (label level);
+  `eval/reward/{accuracy,balanced_accuracy,said_good}` (process accuracy on fixed labelled steps).
 Runs beside the loop, never in it: it loads its own copies of the weights, and when it falls behind
 it skips to the newest version (at least `evaluator.every_versions` after the last one evaluated),
 so it never slows an actor, a judge or a learner except by sharing the CPU.

@@ -112,13 +112,12 @@ class HFBackend:
         once and its KV cache copied n times (a judge's m verdicts share one prompt)."""
         from transformers import DynamicCache
 
-        rows = prompts
-        batch, width = len(rows), max(len(r) for r in rows)
+        batch, width = len(prompts), max(len(r) for r in prompts)
         pad_id = self.tokenizer.pad_token_id
         eos_id = self.tokenizer.eos_token_id
         input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
         attention = torch.zeros((batch, width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every row's last prompt token is in the last column
+        for i, r in enumerate(prompts):  # left padding: every row's last prompt token is in the last column
             input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             attention[i, width - len(r) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
