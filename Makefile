@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE := 1
 export OMP_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup presets run test lint bench clean
 
 setup: $(STAMP) $(NPM_PREFIX)/node_modules/.bin/s3rver
 
@@ -31,10 +31,15 @@ $(NPM_PREFIX)/node_modules/.bin/s3rver:
 	mkdir -p $(NPM_PREFIX)
 	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund s3rver
 
-run: setup
+# The default policy / reward presets (bootstrap SFT, ~5 min once, then cached in FORGESTREAM_HOME):
+# built before the tests so that no test's timed wait includes a model build.
+presets: setup
+	$(VENV)/bin/forgestream prepare
+
+run: presets
 	$(VENV)/bin/forgestream up --minutes 12 --workdir .work/run
 
-test: setup
+test: presets
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -ra
 

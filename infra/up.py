@@ -164,13 +164,11 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
         record_broker(workdir, bootstrap, durable=broker is not None and not options.ephemeral)
 
         # Build the presets once here, so role processes load them instead of racing to build.
-        from infra.models import prepare_preset
+        from infra.models import prepare_run_models
 
         console.print("models: preparing policy and reward presets (cached after the first run)")
-        for role, model in (("policy", config.policy_model), ("reward", config.reward_model)):
-            path = await anyio.to_thread.run_sync(
-                lambda m=model, r=role: prepare_preset(m, role=r, workdir=workdir)
-            )
+        folders = await anyio.to_thread.run_sync(lambda: prepare_run_models(config, workdir))
+        for role, path in folders.items():
             console.print(f"  {role}: {path}")
 
         env = dict(os.environ)

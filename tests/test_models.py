@@ -222,3 +222,23 @@ def test_default_tiny_policy_answers_in_format_and_fails_for_planning_on_its_ban
     summary = summarize_policy(played)
     assert 0.2 <= summary["success"] <= 0.6, summary
     assert summary["invalid_rate"] <= 0.1, summary
+
+
+def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
+    policy = prepare_preset(TINY, role="policy", workdir=WORKDIR)
+    for tok_dir in policy.parent.glob("tokenizer-*"):
+        if tok_dir.is_dir():
+            shutil.copytree(tok_dir, tmp_path / "presets" / tok_dir.name)
+    config = tmp_path / "c.toml"
+    config.write_text("[policy_model]\nbootstrap_sft_seconds = 0.6\n[reward_model]\nbootstrap_sft_seconds = 0.6\n")
+    env = {**os.environ, "FORGESTREAM_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "infra.cli", "prepare", "--config", str(config)]
+    first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    folders = dict(line.split(": ", 1) for line in first.stdout.splitlines() if line.startswith(("policy", "reward")))
+    assert set(folders) == {"policy", "reward"} and folders["policy"] != folders["reward"]
+    assert all((Path(f) / ".complete").is_file() and Path(f).parent == tmp_path / "presets" for f in folders.values())
+    again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and f"policy: {folders['policy']}" in again.stdout
+    built = [d for d in (tmp_path / "presets").iterdir() if d.is_dir() and d.name.startswith("tiny-")]
+    assert len(built) == 2 and not list((tmp_path / "presets").glob(".tmp-*"))  # none rebuilt

@@ -27,6 +27,14 @@ def _threads(model: ModelConfig) -> None:
     torch.set_num_threads(model.torch_threads)
 
 
+def prepare_run_models(config: Any, workdir: Path) -> dict[str, Path]:
+    """Build (or find cached) the policy and reward presets a RunConfig names: role -> HF folder."""
+    return {
+        "policy": prepare_preset(config.policy_model, role="policy", workdir=Path(workdir)),
+        "reward": prepare_preset(config.reward_model, role="reward", workdir=Path(workdir)),
+    }
+
+
 def load_backend(model: ModelConfig, *, role: Role, workdir: Path) -> GenerationBackend:
     """A generation backend serving a fresh copy of the preset's weights, version 0."""
     _threads(model)
@@ -70,5 +78,6 @@ __all__ = [
     "load_backend",
     "load_trainable",
     "prepare_preset",
+    "prepare_run_models",
     "sequence_logprobs",
 ]

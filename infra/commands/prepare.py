@@ -1,0 +1,30 @@
+"""`forgestream prepare`: build and cache the model presets a config names, before any run needs them.
+
+The first `up` on a fresh machine would do the same, but a role started alone (`run actor`) or a
+test waiting for its first rollout should not spend minutes of its own time on a bootstrap SFT.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra.cli import ConfigOpt, app, build_config
+
+
+@app.command()
+def prepare(
+    config: ConfigOpt = None,
+    workdir: Annotated[Path | None, typer.Option(help="Cache here when FORGESTREAM_HOME is unset.")] = None,
+) -> None:
+    """Build (or find cached) the policy and reward presets; print their folders."""
+    cfg = build_config(config, {} if workdir is None else {"workdir": str(workdir)})
+    from infra.models import prepare_run_models
+
+    start = time.monotonic()
+    for role, folder in prepare_run_models(cfg, Path(cfg.workdir)).items():
+        typer.echo(f"{role}: {folder}")
+    typer.echo(f"ready in {time.monotonic() - start:.0f} s")
