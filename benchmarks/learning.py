@@ -37,7 +37,9 @@ ROWS: dict[str, dict] = {
 
 def cli(*args: str, env: dict[str, str], log: Path) -> None:
     with open(log, "ab") as out:
-        done = subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out)
+        done = subprocess.run(
+            [sys.executable, "-m", "infra.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
     if done.returncode != 0:
         raise RuntimeError(f"forgestream {' '.join(args)} failed ({done.returncode}); see {log}")
 
@@ -67,8 +69,14 @@ def main() -> None:
 
     band = RunConfig().scheduler.seed_difficulty
     levels = f"{band},{band + 2}"
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"}
-    base_env |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "FORGESTREAM_EVALUATOR__ENABLED": "false"}
+    base_env = {
+        k: v for k, v in os.environ.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"
+    }
+    base_env |= {
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "FORGESTREAM_EVALUATOR__ENABLED": "false",
+    }
     base = ROOT / ".work" / "bench-learning"
     runs: list[dict] = []
     started = time.time()
@@ -130,7 +138,11 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
             wins, n = sum(x["successes"] for x in results), sum(x["tasks"] for x in results)
             entry[name] = {"mean": statistics.fmean(rates), "sd": statistics.pstdev(rates), "pooled": wins / n,
                            "ci95": wilson(wins, n), "invalid": statistics.fmean(x["invalid_rate"] for x in results)}  # fmt: skip
-        accs = [r["eval"]["process_accuracy"]["accuracy"] for r in mine if r["eval"].get("process_accuracy", {}).get("steps")]
+        accs = [
+            r["eval"]["process_accuracy"]["accuracy"]
+            for r in mine
+            if r["eval"].get("process_accuracy", {}).get("steps")
+        ]
         entry["process_accuracy"] = statistics.fmean(accs) if accs else None
         accepted = [r.get("status", {}).get("variants_accepted") for r in mine if r.get("status")]
         entry["variants_accepted"] = statistics.fmean(accepted) if accepted else None
@@ -147,7 +159,9 @@ def markdown(table: dict[str, dict], band: int, minutes: float, seeds: int) -> s
         b, h = e["band"], e["harder"]
         lines.append(f"| {row} | {b['mean']:.2f} ± {b['sd']:.2f} [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}] | "
                      f"{h['mean']:.2f} ± {h['sd']:.2f} | {b['invalid']:.2f} | {pa} | {va} |")  # fmt: skip
-    lines.append(f"\n{minutes:g} min per run, {seeds} seeds; mean ± sd over seeds, [95 % Wilson interval of the pooled tasks].")
+    lines.append(
+        f"\n{minutes:g} min per run, {seeds} seeds; mean ± sd over seeds, [95 % Wilson interval of the pooled tasks]."
+    )
     return "\n".join(lines)
 
 
@@ -159,7 +173,9 @@ def plot(table: dict[str, dict], band: int, path: Path) -> None:
 
     rows = list(table)
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for offset, (name, label) in enumerate((("band", f"level {band} (trained)"), ("harder", f"level {band + 2}"))):
+    for offset, (name, label) in enumerate(
+        (("band", f"level {band} (trained)"), ("harder", f"level {band + 2}"))
+    ):
         xs = [i + (offset - 0.5) * 0.38 for i in range(len(rows))]
         ax.bar(xs, [table[r][name]["mean"] for r in rows], width=0.36, yerr=[table[r][name]["sd"] for r in rows],
                label=label, capsize=3)  # fmt: skip

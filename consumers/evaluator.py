@@ -70,8 +70,14 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             else:
                 assert judge is not None
                 out = await anyio.to_thread.run_sync(
-                    lambda: process_accuracy(judge, steps, m=config.judge.m, temperature=rm.temperature,
-                                             max_tokens=config.judge.max_new_tokens, seed=config.seed)  # fmt: skip
+                    lambda: process_accuracy(
+                        judge,
+                        steps,
+                        m=config.judge.m,
+                        temperature=rm.temperature,
+                        max_tokens=config.judge.max_new_tokens,
+                        seed=config.seed,
+                    )  # fmt: skip
                 )
                 if out["steps"]:
                     for metric in ("accuracy", "balanced_accuracy", "said_good"):

@@ -79,7 +79,10 @@ def play_heldout(
     progress = getattr(env, "step_is_progress", None)
     played: list[PlayedEpisode] = []
     for start in range(first_task, first_task + count, parallel):
-        tasks = [env.sample_task(level, heldout_rng(level, i)) for i in range(start, min(start + parallel, first_task + count))]
+        tasks = [
+            env.sample_task(level, heldout_rng(level, i))
+            for i in range(start, min(start + parallel, first_task + count))
+        ]
         episodes = [env.reset(t) for t in tasks]
         records = [PlayedEpisode(level=level, outcome=-1) for _ in tasks]
         history: list[list[str]] = [[] for _ in tasks]
@@ -96,8 +99,12 @@ def play_heldout(
                 result = episode.step(response)
                 history[i].append(response)
                 records[i].steps.append(
-                    PlayedStep(len(history[i]) - 1, judge_prompt(context, response, result.observation),
-                               result.valid_action, label)
+                    PlayedStep(
+                        len(history[i]) - 1,
+                        judge_prompt(context, response, result.observation),
+                        result.valid_action,
+                        label,
+                    )
                 )
         for record, episode in zip(records, episodes, strict=True):
             record.outcome = 1 if episode.done and episode.outcome == 1 else -1
@@ -137,8 +144,16 @@ def evaluate_policy(
     return {
         mode: {
             str(level): summarize_policy(
-                play_heldout(backend, domain, level, tasks_per_level, temperature=t,
-                             max_tokens=max_tokens, max_steps=max_steps, seed=seed)  # fmt: skip
+                play_heldout(
+                    backend,
+                    domain,
+                    level,
+                    tasks_per_level,
+                    temperature=t,
+                    max_tokens=max_tokens,
+                    max_steps=max_steps,
+                    seed=seed,
+                )  # fmt: skip
             )
             for level in levels
         }
@@ -196,4 +211,6 @@ STEP_BUCKETS = ("0", "1", "2-4", "5-9", "10+")
 
 
 def _bucket(index: int) -> str:
-    return "0" if index == 0 else "1" if index == 1 else "2-4" if index < 5 else "5-9" if index < 10 else "10+"
+    return (
+        "0" if index == 0 else "1" if index == 1 else "2-4" if index < 5 else "5-9" if index < 10 else "10+"
+    )

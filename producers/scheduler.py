@@ -152,8 +152,13 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     flight = Flight(
         request_timeout_s=cfg.request_timeout_s,
         has_signal=lambda outcomes, verdicts: bool(
-            group_signals(outcomes, verdicts, lam=sig.lam, policy_acc_low=sig.policy_acc_low,
-                          policy_acc_high=sig.policy_acc_high).policy  # fmt: skip
+            group_signals(
+                outcomes,
+                verdicts,
+                lam=sig.lam,
+                policy_acc_low=sig.policy_acc_low,
+                policy_acc_high=sig.policy_acc_high,
+            ).policy  # fmt: skip
         ),
     )
     scheduled: dict[str, int] = {}

@@ -130,7 +130,9 @@ def test_episode_weighting_scales_each_rollout_to_the_mean_length() -> None:
     weighted = group_signals(OUTCOMES, VERDICTS, episode_weighting=True)
     weights = {0: 1.0, 1: 2 / 3, 2: 2.0, 3: 1.0}
     assert [(p.rollout, p.step) for p in weighted.policy] == [(p.rollout, p.step) for p in plain.policy]
-    assert [p.advantage for p in weighted.policy] == approx([p.advantage * weights[p.rollout] for p in plain.policy])
+    assert [p.advantage for p in weighted.policy] == approx(
+        [p.advantage * weights[p.rollout] for p in plain.policy]
+    )
     # r1 step 0: -0.700140 * 2/3 = -0.466760; r2 step 0: 0.980196 * 2 = 1.960392
     assert weighted.policy[2].advantage == approx(-0.466760, abs=1e-6)
     assert weighted.policy[4].advantage == approx(1.960392, abs=1e-6)

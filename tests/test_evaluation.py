@@ -35,13 +35,17 @@ def test_majority_of_verdicts() -> None:
 
 
 def step(index: int, valid: bool = True, progress: bool | None = None) -> PlayedStep:
-    return PlayedStep(index=index, judge_prompt=f"p{index}-{valid}-{progress}", valid=valid, progress=progress)
+    return PlayedStep(
+        index=index, judge_prompt=f"p{index}-{valid}-{progress}", valid=valid, progress=progress
+    )
 
 
 def test_summarize_policy_hand_computed() -> None:
     episodes = [
         PlayedEpisode(level=0, outcome=1, steps=[step(0), step(1)]),
-        PlayedEpisode(level=0, outcome=-1, steps=[step(0, valid=False), step(1), step(2, valid=False), step(3)]),
+        PlayedEpisode(
+            level=0, outcome=-1, steps=[step(0, valid=False), step(1), step(2, valid=False), step(3)]
+        ),
         PlayedEpisode(level=0, outcome=1, steps=[step(0, valid=False), step(1), step(2)]),
     ]
     out = summarize_policy(episodes)
@@ -59,8 +63,12 @@ class ScriptedJudge:
 
     def generate(self, prompts, *, n=1, temperature, max_tokens, stop=None, seed=None):  # noqa: ANN001
         return [
-            [Completion(text=t, token_ids=[], logprobs=[], prompt_token_ids=[], finish_reason="stop", version=0)
-             for t in self.answers[p][:n]]  # fmt: skip
+            [
+                Completion(
+                    text=t, token_ids=[], logprobs=[], prompt_token_ids=[], finish_reason="stop", version=0
+                )
+                for t in self.answers[p][:n]
+            ]  # fmt: skip
             for p in prompts
         ]
 

@@ -35,14 +35,18 @@ def publish(workdir: Path, role: str, model: ModelConfig, version: int) -> Any:
 
 
 @pytest.mark.timeout(240)
-async def test_evaluator_reports_every_k_versions(kafka_config: Any, model_home: None, tmp_path: Path) -> None:
+async def test_evaluator_reports_every_k_versions(
+    kafka_config: Any, model_home: None, tmp_path: Path
+) -> None:
     config = RunConfig(
         workdir=str(tmp_path),
         kafka=kafka_config,
         policy_model=POLICY,
         reward_model=REWARD,
         scheduler=SchedulerConfig(seed_difficulty=1),
-        evaluator=EvaluatorConfig(every_versions=2, tasks_per_level=3, max_steps=3, reward_steps=6, levels=(0, 2)),
+        evaluator=EvaluatorConfig(
+            every_versions=2, tasks_per_level=3, max_steps=3, reward_steps=6, levels=(0, 2)
+        ),
     )
     shutdown = anyio.Event()
     async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
@@ -61,10 +65,17 @@ async def test_evaluator_reports_every_k_versions(kafka_config: Any, model_home:
         # v1 is not 2 past v0: skipped; v2 is evaluated
         await bus.send(topics.WEIGHTS, publish(tmp_path, "policy", POLICY, 1), key="policy")
         await bus.send(topics.WEIGHTS, publish(tmp_path, "policy", POLICY, 2), key="policy")
-        metrics = await wait_records(bus, topics.METRICS, evaluated("eval/policy/success", {0, 2}), timeout=120)
+        metrics = await wait_records(
+            bus, topics.METRICS, evaluated("eval/policy/success", {0, 2}), timeout=120
+        )
         shutdown.set()
     success = [m for m in metrics if m.name == "eval/policy/success"]
     assert sorted((m.step, m.labels["level"]) for m in success) == [(0, "0"), (0, "2"), (2, "0"), (2, "2")]
     assert all(0.0 <= m.value <= 1.0 for m in success)
-    for name in ("eval/policy/invalid_rate", "eval/policy/ci_low", "eval/policy/ci_high", "eval/reward/balanced_accuracy"):
+    for name in (
+        "eval/policy/invalid_rate",
+        "eval/policy/ci_low",
+        "eval/policy/ci_high",
+        "eval/reward/balanced_accuracy",
+    ):
         assert any(m.name == name for m in metrics), name

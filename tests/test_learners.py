@@ -89,7 +89,9 @@ def test_pack_micro_batches_by_token_budget() -> None:
 
 
 def test_warmup_lr_rises_linearly_then_holds() -> None:
-    assert [warmup_lr(1e-3, step, 4) for step in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert [warmup_lr(1e-3, step, 4) for step in range(6)] == pytest.approx(
+        [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
+    )
     assert warmup_lr(1e-3, 0, 0) == 1e-3
 
 
@@ -240,8 +242,15 @@ def role_config(tmp_path: Path, kafka_config, **learner):
     from schemas.config import ModelConfig, RunConfig
 
     # one optimizer step per batch unless a test asks for more: the plumbing tests count steps
-    defaults = dict(lr=1e-2, batch_samples=4, micro_batch_tokens=64, poll_timeout_s=0.3, minibatches=1, warmup_steps=0,
-                    batch_wait_s=0.0)
+    defaults = dict(
+        lr=1e-2,
+        batch_samples=4,
+        micro_batch_tokens=64,
+        poll_timeout_s=0.3,
+        minibatches=1,
+        warmup_steps=0,
+        batch_wait_s=0.0,
+    )
     return RunConfig(
         workdir=str(tmp_path / "work"),
         kafka=kafka_config,

@@ -230,14 +230,20 @@ def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
         if tok_dir.is_dir():
             shutil.copytree(tok_dir, tmp_path / "presets" / tok_dir.name)
     config = tmp_path / "c.toml"
-    config.write_text("[policy_model]\nbootstrap_sft_seconds = 0.6\n[reward_model]\nbootstrap_sft_seconds = 0.6\n")
+    config.write_text(
+        "[policy_model]\nbootstrap_sft_seconds = 0.6\n[reward_model]\nbootstrap_sft_seconds = 0.6\n"
+    )
     env = {**os.environ, "FORGESTREAM_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "infra.cli", "prepare", "--config", str(config)]
     first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    folders = dict(line.split(": ", 1) for line in first.stdout.splitlines() if line.startswith(("policy", "reward")))
+    folders = dict(
+        line.split(": ", 1) for line in first.stdout.splitlines() if line.startswith(("policy", "reward"))
+    )
     assert set(folders) == {"policy", "reward"} and folders["policy"] != folders["reward"]
-    assert all((Path(f) / ".complete").is_file() and Path(f).parent == tmp_path / "presets" for f in folders.values())
+    assert all(
+        (Path(f) / ".complete").is_file() and Path(f).parent == tmp_path / "presets" for f in folders.values()
+    )
     again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and f"policy: {folders['policy']}" in again.stdout
     built = [d for d in (tmp_path / "presets").iterdir() if d.is_dir() and d.name.startswith("tiny-")]

@@ -100,7 +100,9 @@ def test_progress_counts_effects_not_deliveries_and_derives_every_status_key():
 def test_progress_folds_evaluations_per_version():
     p = Progress()
     for version, level, value in ((0, "3", 0.25), (4, "3", 0.5), (4, "5", 0.125), (0, "3", 0.3)):
-        metric = ev.Metric(role="evaluator", name="eval/policy/success", value=value, step=version, labels={"level": level})
+        metric = ev.Metric(
+            role="evaluator", name="eval/policy/success", value=value, step=version, labels={"level": level}
+        )
         p.apply(tp.METRICS, metric, 1.0)
     p.apply(tp.METRICS, ev.Metric(role="evaluator", name="eval/reward/accuracy", value=0.6, step=2), 1.0)
     assert p.heldout == {"3": {0: 0.3, 4: 0.5}, "5": {4: 0.125}}  # a re-evaluated version: last wins

@@ -12,7 +12,7 @@ from infra.cli import ConfigOpt, app, build_config, fail
 
 
 def parse_levels(text: str) -> list[int]:
-    """"0,2,4" or "0-3" or a mix -> sorted distinct levels."""
+    """ "0,2,4" or "0-3" or a mix -> sorted distinct levels."""
     levels: set[int] = set()
     try:
         for part in text.split(","):
@@ -55,16 +55,22 @@ def resolve_model(spec: str, role: str, model_cfg: Any, run: Any) -> Path:
 
 @app.command("eval")
 def evaluate(
-    policy: Annotated[str, typer.Option(help="preset, latest, vN (of --workdir's run), hf:PATH or a folder.")] = "preset",
+    policy: Annotated[
+        str, typer.Option(help="preset, latest, vN (of --workdir's run), hf:PATH or a folder.")
+    ] = "preset",
     reward_model: Annotated[
         str | None, typer.Option(help="Also measure this reward model's process accuracy (same forms).")
     ] = None,
     domain: Annotated[str | None, typer.Option(help="Task domain (default: the config's).")] = None,
     levels: Annotated[str, typer.Option(help="Difficulty levels, e.g. 0,2,4 or 0-3.")] = "0-2",
     tasks: Annotated[int, typer.Option(min=1, max=100_000, help="Held-out tasks per level.")] = 40,
-    modes: Annotated[str, typer.Option(help="sampled (policy temperature), greedy, or both.")] = "sampled,greedy",
+    modes: Annotated[
+        str, typer.Option(help="sampled (policy temperature), greedy, or both.")
+    ] = "sampled,greedy",
     max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
-    m: Annotated[int | None, typer.Option(min=1, max=64, help="Verdicts per step (default: judge.m).")] = None,
+    m: Annotated[
+        int | None, typer.Option(min=1, max=64, help="Verdicts per step (default: judge.m).")
+    ] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
     config: ConfigOpt = None,
@@ -98,8 +104,14 @@ def evaluate(
         "max_steps": max_steps,
         "seed": seed,
         "policy_results": evaluate_policy(
-            backend, cfg.scheduler.domain, level_list, tasks, temperatures={w: temps[w] for w in wanted},
-            max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed,
+            backend,
+            cfg.scheduler.domain,
+            level_list,
+            tasks,
+            temperatures={w: temps[w] for w in wanted},
+            max_tokens=pm.max_new_tokens,
+            max_steps=max_steps,
+            seed=seed,
         ),  # fmt: skip
     }
     if reward_model is not None:
@@ -125,7 +137,9 @@ def _print(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"held-out {result['domain']} — policy {result['policy']}, {result['tasks_per_level']} tasks/level")
+    table = Table(
+        title=f"held-out {result['domain']} — policy {result['policy']}, {result['tasks_per_level']} tasks/level"
+    )
     for col in ("mode", "level", "success", "95% CI", "invalid", "steps"):
         table.add_column(col, justify="right")
     for mode, by_level in result["policy_results"].items():
@@ -143,4 +157,7 @@ def _print(result: dict[str, Any]) -> None:
             if pa.get("steps") else "no labelled steps"
         )  # fmt: skip
         if pa.get("steps"):
-            console.print("by step index: " + ", ".join(f"{k}: {v['accuracy']:.2f} ({v['steps']})" for k, v in pa["by_step"].items()))
+            console.print(
+                "by step index: "
+                + ", ".join(f"{k}: {v['accuracy']:.2f} ({v['steps']})" for k, v in pa["by_step"].items())
+            )

@@ -37,8 +37,10 @@ def up(
     ] = None,
     without: Annotated[
         list[str] | None,
-        typer.Option(help="Do not start this role (repeatable): reward-learner freezes the reward model, "
-                          "env-model keeps the task set static."),  # fmt: skip
+        typer.Option(
+            help="Do not start this role (repeatable): reward-learner freezes the reward model, "
+            "env-model keeps the task set static."
+        ),  # fmt: skip
     ] = None,
 ) -> None:
     """Broker, topics, models and every role on this machine, with live progress."""

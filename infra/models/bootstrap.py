@@ -99,7 +99,13 @@ def _walk(env: Any, task: Any, rng: random.Random) -> Iterator[tuple[Any, list[s
             return
         yield episode, list(history), best
         u = rng.random()
-        response = rng.choice(INVALID_ANSWERS) if u < INVALID_P else _detour(episode, rng) if u < INVALID_P + detour else best
+        response = (
+            rng.choice(INVALID_ANSWERS)
+            if u < INVALID_P
+            else _detour(episode, rng)
+            if u < INVALID_P + detour
+            else best
+        )
         episode.step(response)
         history.append(response)
 
@@ -118,7 +124,9 @@ def policy_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
         yield from rng.sample(pairs, min(len(pairs), PAIRS_PER_EPISODE))
 
 
-def _judge_example(env: Any, task: Any, history: list[str], response: str, best: str) -> tuple[str, int] | None:
+def _judge_example(
+    env: Any, task: Any, history: list[str], response: str, best: str
+) -> tuple[str, int] | None:
     """The judge prompt for taking `response` after `history` in `task`, with its label: the env's
     `step_is_progress` where it has one, else "equals the expert's response" `best`."""
     from envs.judging import judge_prompt

@@ -128,7 +128,10 @@ class HFBackend:
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
-            attention, positions = attention.repeat_interleave(n, dim=0), positions.repeat_interleave(n, dim=0)
+            attention, positions = (
+                attention.repeat_interleave(n, dim=0),
+                positions.repeat_interleave(n, dim=0),
+            )
             batch *= n
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         hit_eos = torch.zeros(batch, dtype=torch.bool, device=self.device)
