@@ -12,7 +12,7 @@ import pytest
 
 from envs.base import Environment, Episode
 from envs.household import HouseholdEnv, parse_index, step_is_progress
-from envs.household.env import preferred_easier_rules
+from envs.household.env import JUDGE_HISTORY, preferred_easier_rules
 from envs.household.tasks import oracle_length
 from envs.household.world import object_type
 from schemas.codec import decode, encode
@@ -297,3 +297,14 @@ def test_critic_rules_without_verbs_follow_the_high_risk_step_position() -> None
     assert preferred_easier_rules(early, 6)[0] == "object_in_sight"
     assert preferred_easier_rules(late, 6)[0] == "task_type"
     assert preferred_easier_rules(CriticFeedback(), 6) == []
+
+
+def test_judge_context_keeps_the_last_actions_numbered_from_the_start() -> None:
+    task = ENV.sample_task(4, random.Random(3))
+    episode = ENV.reset(task)
+    for _ in range(JUDGE_HISTORY + 3):
+        episode.step("\\boxed{0}")
+    context = episode.judge_context(JUDGE_HISTORY + 3)
+    history = context.split("Previous actions: ")[1].split(".\n")[0]
+    shown = [part.split(". ", 1)[0] for part in history.split("; ")]
+    assert shown == [str(i) for i in range(4, JUDGE_HISTORY + 4)]  # actions 4..11 of 11

@@ -33,6 +33,10 @@ from schemas.events import CriticFeedback, TaskSpec
 BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 INSTRUCTION = "Think briefly, then answer with \\boxed{index}."
 INVALID = "Invalid answer: reply with \\boxed{index} of a listed action."
+# The judge sees the state in full (room, hands, receptacles) and only the latest actions: enough to
+# tell an undo or a repeat, and a 40-step episode's last prompts stay short (judging one such episode
+# took 3x as long with the whole history, most of it in attention over the long prompts).
+JUDGE_HISTORY = 8
 
 
 def parse_index(response: str) -> int | None:
@@ -120,11 +124,13 @@ class HouseholdEpisode:
         return 1 if self._achieved else -1
 
     def judge_context(self, step_index: int) -> str:
-        """Task, the actions before `step_index`, and the observation with the numbered actions the
-        policy chose from at `step_index` (so the judge can decode `\\boxed{i}`)."""
+        """Task, the last JUDGE_HISTORY actions before `step_index` (numbered from the episode's start),
+        and the observation with the numbered actions the policy chose from at `step_index` (so the
+        judge can decode `\\boxed{i}`)."""
         step_index = min(step_index, len(self.states) - 1)
         done = [a if a is not None else "invalid" for a in self.actions_taken[:step_index]]
-        history = "; ".join(f"{i + 1}. {a}" for i, a in enumerate(done)) or "none"
+        first = max(0, len(done) - JUDGE_HISTORY)
+        history = "; ".join(f"{i + 1}. {a}" for i, a in enumerate(done) if i >= first) or "none"
         s = self.states[step_index]
         return (
             f"Task: {self.world.goal_text()}\nPrevious actions: {history}.\n{self.describe(s)}\n"

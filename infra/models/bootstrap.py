@@ -191,7 +191,8 @@ def data_fingerprint(domains: list[str]) -> str:
     h = hashlib.sha256(json.dumps(sorted(available_environments(domains))).encode())
     for prompt, answer in itertools.islice(policy_pairs(domains, seed=0), 24):
         h.update(prompt.encode() + b"\0" + answer.encode() + b"\0")
-    for prompt, answer in itertools.islice(reward_pairs(domains, seed=0), 8):
+    # enough judge prompts that some have long histories: a change to how those render must show
+    for prompt, answer in itertools.islice(reward_pairs(domains, seed=0), 64):
         h.update(prompt.encode() + b"\0" + answer.encode() + b"\0")
     return h.hexdigest()[:16]
 
