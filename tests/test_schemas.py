@@ -263,3 +263,17 @@ def test_overriding_one_reward_model_field_keeps_its_other_defaults() -> None:
     assert plain.reward_model.bootstrap_sft_seconds != plain.policy_model.bootstrap_sft_seconds
     flagged = load_config(environ={}, flags={"reward_model.temperature": 0.8, "policy_model.preset": "tiny"})
     assert flagged.reward_model.max_new_tokens == 24
+
+
+def test_process_variables_are_not_config_fields() -> None:
+    from infra.config import ConfigError, load_config
+
+    # tool locations and the sandbox mode: a config load must not fail on "unknown field tansu"
+    tools = {
+        "FORGESTREAM_TANSU": "/opt/tansu",
+        "FORGESTREAM_S3RVER": "/opt/s3rver",
+        "FORGESTREAM_SANDBOX": "bwrap",
+    }
+    assert load_config(environ=tools) == load_config(environ={})
+    with pytest.raises(ConfigError, match="tansu_typo"):
+        load_config(environ={"FORGESTREAM_TANSU_TYPO": "x"})
