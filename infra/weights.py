@@ -5,8 +5,10 @@ tokenizer files), and the `WeightsPublished` event describing it (the learner se
 on forge.weights). Consumes (WeightsWatcher): forge.weights from the beginning, keeping the newest
 event per model (Tansu's `latest` offset is wrong, and the topic is compacted on real Kafka).
 Invariant: a folder is visible under its final name only when complete (written under a temporary
-name, then renamed); nothing is loaded unless model.safetensors is a well-formed safetensors file
-whose sha256 equals the event's; pickle checkpoints are never read. Every saved version loads with
+name, then renamed); nothing is loaded unless it comes from this store's own folder for the event's
+(model, version), whatever uri the event names, and its model.safetensors is a well-formed safetensors
+file whose sha256, taken over the very bytes that are loaded, equals the event's; pickle checkpoints
+are never read. Every saved version loads with
 plain `AutoModelForCausalLM.from_pretrained`.
 """
 
@@ -218,34 +220,89 @@ class WeightStore:
 
     # --- reading ---
     def fetch(self, event: WeightsPublished) -> Path:
-        """A local folder holding the event's weights, verified; WeightsRejected otherwise."""
-        fs, path = fsspec.core.url_to_fs(event.uri)
+        """A private local snapshot of the event's weights, verified; WeightsRejected otherwise.
+
+        Only this store's own folder for (model, version) is read, whatever `uri` the event names: the
+        sha256 travels in the same event, so it proves integrity, not origin. The weights file is read
+        once, hashed as it is copied into the snapshot, and the snapshot is what gets loaded (a file
+        swapped after the check is never loaded). Snapshots beyond keep_last per model are pruned."""
         what = f"{event.model} v{event.version} at {event.uri}"
-        if isinstance(fs, LocalFileSystem):
-            folder = Path(path)
-        else:
-            folder = self._cache / event.model / f"{version_dir(event.version)}-{event.sha256[:16]}"
-            if not (folder / WEIGHTS_FILE).exists():
-                tmp = folder.with_name(f".tmp-{uuid.uuid4().hex}")
-                try:
-                    fs.get(path.rstrip("/") + "/", str(tmp), recursive=True)
-                except FileNotFoundError as e:
-                    raise WeightsRejected(f"{what}: not in the store ({e})") from e
-                tmp.parent.mkdir(parents=True, exist_ok=True)
-                if folder.exists():
-                    shutil.rmtree(folder, ignore_errors=True)
-                os.replace(tmp, folder)
-        try:
-            weights = check_folder(folder)
-        except WeightsRejected as e:
-            raise WeightsRejected(f"{what}: {e}; refusing to load it") from e
-        actual = sha256_file(weights)
-        if actual != event.sha256:
+        expected = self.uri(event.model, event.version)
+        if not self._same_place(event.uri, expected):
             raise WeightsRejected(
-                f"{what}: sha256 mismatch (event says {event.sha256[:16]}…, file has {actual[:16]}…); "
-                "refusing to load it"
+                f"{what}: not this run's weight store (expected {expected}); refusing to load it"
             )
-        return folder
+        source = f"{self.root}/{event.model}/{version_dir(event.version)}"
+        snapshots = self._cache / "snapshots" / event.model
+        snapshot = (
+            snapshots
+            / f"{version_dir(event.version)}-{event.sha256[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        tmp = snapshot.with_name(".tmp-" + snapshot.name)
+        tmp.mkdir(parents=True)
+        try:
+            try:
+                names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(source, detail=False)]
+            except FileNotFoundError as e:
+                raise WeightsRejected(f"{what}: not in the store ({e})") from e
+            pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES))
+            if pickles:
+                raise WeightsRejected(
+                    f"{what}: refusing a folder with pickle checkpoints {pickles}; safetensors only"
+                )
+            if WEIGHTS_FILE not in names:
+                raise WeightsRejected(f"{what}: no {WEIGHTS_FILE} (only safetensors weights are accepted)")
+            digest = hashlib.sha256()
+            for name in names:
+                with self.fs.open(f"{source}/{name}", "rb") as src, open(tmp / name, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                        if name == WEIGHTS_FILE:
+                            digest.update(chunk)
+            try:
+                check_safetensors(tmp / WEIGHTS_FILE)
+            except WeightsRejected as e:
+                raise WeightsRejected(f"{what}: {e}; refusing to load it") from e
+            if digest.hexdigest() != event.sha256:
+                raise WeightsRejected(
+                    f"{what}: sha256 mismatch (event says {event.sha256[:16]}…, file has {digest.hexdigest()[:16]}…); "
+                    "refusing to load it"
+                )
+            os.replace(tmp, snapshot)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._prune_snapshots(snapshots)
+        return snapshot
+
+    def _same_place(self, uri: str, expected: str) -> bool:
+        if not self.local:
+            return uri.rstrip("/") == expected.rstrip("/")
+        fs, path = fsspec.core.url_to_fs(uri)
+        return isinstance(fs, LocalFileSystem) and os.path.realpath(path) == os.path.realpath(expected)
+
+    def _prune_snapshots(self, folder: Path) -> None:
+        """Keep this process's newest keep_last snapshots of one model; drop those of dead processes."""
+        mine = []
+        for p in folder.iterdir():
+            parts = p.name.split("-")  # v000007-<sha16>-<pid>-<nonce>
+            if len(parts) != 4 or not parts[2].isdigit():
+                continue
+            if int(parts[2]) == os.getpid():
+                mine.append(p)
+            elif not _alive(int(parts[2])):
+                shutil.rmtree(p, ignore_errors=True)
+        for old in sorted(mine, key=lambda p: p.stat().st_mtime)[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class WeightsWatcher:
@@ -256,6 +313,7 @@ class WeightsWatcher:
         self.newest: WeightsPublished | None = None
         self._changed = anyio.Event()
         self._rejected: set[tuple[int, str]] = set()
+        self.refused = 0  # versions refused (wrong place, hash, format or shapes)
 
     async def run(self, shutdown: anyio.Event | None = None) -> None:
         async for record in self.bus.follow_topic(WEIGHTS, shutdown=shutdown):
@@ -295,6 +353,7 @@ class WeightsWatcher:
             backend.load_weights(ev.version, self.store.fetch(ev))
         except WeightsRejected as e:
             self._rejected.add((ev.version, ev.sha256))
+            self.refused += 1
             log.error("weights refused, keeping version %s: %s", backend.version, e)
             return None
         log.info("loaded %s v%s in %.3fs", ev.model, ev.version, time.perf_counter() - started)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -42,7 +43,8 @@ def test_publish_writes_a_verified_folder_that_from_pretrained_loads(tmp_path, t
     assert ev.sha256 == sha256_file(folder / "model.safetensors")
     assert ev.bytes == (folder / "model.safetensors").stat().st_size and ev.optimizer_step == 21
     assert not list(folder.parent.glob(".tmp-*"))
-    assert store.fetch(ev) == folder
+    snapshot = store.fetch(ev)  # a private copy, hashed as it was copied: what is loaded is what was checked
+    assert snapshot != folder and sha256_file(snapshot / "model.safetensors") == ev.sha256
     loaded = AutoModelForCausalLM.from_pretrained(str(folder))  # users can take it anywhere
     ids = torch.tensor([[1, 5, 9, 12]])
     with torch.no_grad():
@@ -65,6 +67,36 @@ def test_fsspec_url_round_trip(trainable):
     assert ev.uri == "memory:///fs-test-store/policy/v000001"
     folder = store.fetch(ev)
     assert sha256_file(folder / "model.safetensors") == ev.sha256
+
+
+def test_only_the_stores_own_folder_is_read_whatever_the_event_says(tmp_path, trainable):
+    model, tok = trainable
+    store = WeightStore(str(tmp_path / "store"), cache_dir=tmp_path / "cache")
+    elsewhere = WeightStore(str(tmp_path / "elsewhere")).publish("policy", 1, nudged(model), tok)
+    backend = HFBackend(prepare_preset(TINY, role="policy", workdir=WORKDIR))
+    watcher = WeightsWatcher(bus=None, store=store, model_name="policy")  # type: ignore[arg-type]
+    remote = msgspec.structs.replace(elsewhere, version=2, uri="http://127.0.0.1:1/policy/v000002")
+    for forged in (elsewhere, remote):  # valid weights, a matching sha256, the wrong place
+        with pytest.raises(WeightsRejected, match="not this run's weight store"):
+            store.fetch(forged)
+        watcher.observe(forged)
+        assert watcher.apply(backend) is None
+    assert watcher.refused == 2 and backend.version == 0
+    # the store's own folder under a spelling of the same path is fine
+    ev = store.publish("policy", 3, model, tok)
+    assert store.fetch(msgspec.structs.replace(ev, uri=str(tmp_path / "store" / "." / "policy" / "v000003")))
+
+
+def test_snapshots_are_pruned_to_keep_last(tmp_path, trainable):
+    model, tok = trainable
+    store = WeightStore(str(tmp_path / "store"), keep_last=2, cache_dir=tmp_path / "cache")
+    for v in range(1, 6):
+        store.fetch(store.publish("reward", v, model, None))
+    folder = tmp_path / "cache" / "snapshots" / "reward"
+    dead = folder / "v000001-0123456789abcdef-999999999-deadbeef"  # a process that no longer exists
+    dead.mkdir()
+    store.fetch(store.publish("reward", 6, model, None))
+    assert sorted(p.name[:7] for p in folder.iterdir()) == ["v000005", "v000006"]
 
 
 def test_tampered_and_non_safetensors_weights_are_refused_and_old_weights_kept(tmp_path, trainable):
