@@ -102,7 +102,3 @@ def load_config(
         return msgspec.convert(data, config_type, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid config: {e}") from None
-
-
-def dump_config(config: msgspec.Struct) -> dict[str, Any]:
-    return msgspec.to_builtins(config)

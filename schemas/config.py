@@ -8,7 +8,7 @@ Importing this module must stay cheap (no torch): the CLI parses config before h
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta, Struct, field
 
@@ -22,8 +22,20 @@ Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
 class Config(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Base: unknown keys in a config file are an error, not silently ignored."""
 
+    SECRETS: ClassVar[tuple[str, ...]] = ()
+    """Fields whose values never appear in a repr (logs, tracebacks, test reports)."""
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{name}={'***' if name in self.SECRETS and getattr(self, name) else repr(getattr(self, name))}"
+            for name in self.__struct_fields__
+        )
+        return f"{type(self).__name__}({', '.join(shown)})"
+
 
 class KafkaConfig(Config, frozen=True, kw_only=True):
+    SECRETS: ClassVar[tuple[str, ...]] = ("sasl_password",)
+
     bootstrap: str = "127.0.0.1:9092"
     """host:port[,host:port] of the brokers."""
     topic_prefix: str = ""
