@@ -284,6 +284,6 @@ def test_secrets_never_appear_in_a_config_repr() -> None:
 
     kafka = KafkaConfig(sasl_username="alice", sasl_password="hunter2")
     for shown in (repr(kafka), str(kafka), repr(msgspec.structs.replace(RunConfig(), kafka=kafka))):
-        assert "hunter2" not in shown and "sasl_password='***'" in shown and "alice" in shown
+        assert "hunter2" not in shown and "sasl_password=***" in shown and "alice" in shown
     assert "sasl_password=None" in repr(KafkaConfig())  # an unset secret says so
     assert kafka.sasl_password == "hunter2"  # the value itself is intact for the client
