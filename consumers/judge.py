@@ -136,13 +136,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     import torch
 
     torch.set_num_threads(config.reward_model.torch_threads)
-    cfg, model = config.judge, config.reward_model
-    if cfg.temperature != model.temperature:
-        # Behaviour logprobs are of the sampling distribution; the reward learner recomputes them at
-        # reward_model.temperature, so the two must agree.
-        raise ValueError(
-            f"judge.temperature ({cfg.temperature}) must equal reward_model.temperature ({model.temperature})"
-        )
+    cfg, model = config.judge, config.reward_model  # RunConfig holds judge.temperature == the model's
     workdir = Path(config.workdir)
     judge_id = f"judge-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="reward", workdir=workdir))

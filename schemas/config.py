@@ -253,3 +253,21 @@ class RunConfig(Config, frozen=True, kw_only=True):
     policy_learner: LearnerConfig = field(default_factory=LearnerConfig)
     reward_learner: LearnerConfig = field(default_factory=LearnerConfig)
     seed: NonNegInt = 0
+
+    def __post_init__(self) -> None:
+        """Rules across sections: a bad combination fails at start-up, naming both fields."""
+        for ok, problem in (
+            (self.judge.temperature == self.reward_model.temperature,
+             f"judge.temperature ({self.judge.temperature}) must equal reward_model.temperature "
+             f"({self.reward_model.temperature}): the reward learner rescores verdicts at the latter"),
+            (self.signals.policy_acc_low <= self.signals.policy_acc_high,
+             f"signals.policy_acc_low ({self.signals.policy_acc_low}) > policy_acc_high ({self.signals.policy_acc_high})"),
+            (self.signals.rm_acc_low <= self.signals.rm_acc_high,
+             f"signals.rm_acc_low ({self.signals.rm_acc_low}) > rm_acc_high ({self.signals.rm_acc_high})"),
+            (self.forge.low <= self.forge.high, f"forge.low ({self.forge.low}) > forge.high ({self.forge.high})"),
+            (self.policy_learner.eta >= self.scheduler.eta,
+             f"policy_learner.eta ({self.policy_learner.eta}) < scheduler.eta ({self.scheduler.eta}): the learner "
+             "would drop as stale the rollouts the scheduler admits"),
+        ):  # fmt: skip
+            if not ok:
+                raise ValueError(problem)

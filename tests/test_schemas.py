@@ -287,3 +287,24 @@ def test_secrets_never_appear_in_a_config_repr() -> None:
         assert "hunter2" not in shown and "sasl_password=***" in shown and "alice" in shown
     assert "sasl_password=None" in repr(KafkaConfig())  # an unset secret says so
     assert kafka.sasl_password == "hunter2"  # the value itself is intact for the client
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"FORGESTREAM_JUDGE__TEMPERATURE": "0.5"}, ("judge.temperature", "reward_model.temperature")),
+        ({"FORGESTREAM_SIGNALS__POLICY_ACC_LOW": "0.9"}, ("policy_acc_low", "policy_acc_high")),
+        ({"FORGESTREAM_SIGNALS__RM_ACC_HIGH": "0.1"}, ("rm_acc_low", "rm_acc_high")),
+        ({"FORGESTREAM_FORGE__LOW": "0.9"}, ("forge.low", "forge.high")),
+        ({"FORGESTREAM_SCHEDULER__ETA": "5"}, ("policy_learner.eta", "scheduler.eta")),
+    ],
+)
+def test_cross_field_rules_fail_at_load_naming_both_fields(
+    env: dict[str, str], names: tuple[str, str]
+) -> None:
+    from infra.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as failed:
+        load_config(environ=env)
+    assert all(name in str(failed.value) for name in names)
+    assert load_config(environ={"FORGESTREAM_SCHEDULER__ETA": "5", "FORGESTREAM_POLICY_LEARNER__ETA": "5"})
