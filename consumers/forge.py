@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import faust
 import msgspec
+from faust.streams import current_event
 
 import algorithm
 from infra.bus import Bus
@@ -191,31 +192,31 @@ class Forge:
         judged = self.app.topic(bus.names.of(JUDGED), key_serializer="raw", value_serializer="raw")
         self.app.agent(judged, name="forge-judged")(self._agent)
 
-    @staticmethod
-    def _task_key(raw: bytes) -> str:
+    async def _task_key(self, raw: bytes) -> str:
+        """The repartition key. It runs on the source stream, where the record still has its partition
+        and offset: an undecodable record goes to the DLQ with them here, and on under the key ""."""
         try:
             return codec.decode(raw, JudgedTrajectory).trajectory.task.task_id
-        except (*codec.DecodeError, TypeError):  # TypeError: a null value
-            return ""  # dead-lettered by the agent after the repartition
+        except (*codec.DecodeError, TypeError) as e:  # TypeError: a null value
+            event = current_event()
+            message = event.message if event is not None else None
+            letter = DeadLetter(
+                source_topic=message.topic if message is not None else self.bus.names.of(JUDGED),
+                partition=message.partition if message is not None else 0,
+                offset=message.offset if message is not None else 0,
+                key=message.key if message is not None else None,
+                value=raw,
+                error=f"decode: {e}",
+                group=self.app.conf.id,
+            )
+            await self.bus.send(DLQ, letter, key=letter.source_topic)
+            return ""
 
     async def _agent(self, stream: Any) -> None:
         by_task = stream.group_by(self._task_key, name="by-task", partitions=self.settings.partitions)
-        async for raw in by_task:
-            try:
-                judged = codec.decode(raw, JudgedTrajectory)
-            except (*codec.DecodeError, TypeError) as e:
-                letter = DeadLetter(
-                    source_topic=self.bus.names.of(JUDGED),
-                    partition=0,
-                    offset=0,
-                    key=None,
-                    value=raw,
-                    error=f"decode: {e}",
-                    group=self.app.conf.id,
-                )
-                await self.bus.send(DLQ, letter, key=letter.source_topic)
-                continue
-            await self.observe(judged)
+        async for key, raw in by_task.items():
+            if key:  # "": dead-lettered above
+                await self.observe(codec.decode(raw, JudgedTrajectory))
 
     async def observe(self, judged: JudgedTrajectory) -> None:
         """Add one rollout to its task's window; decide when the window is full."""

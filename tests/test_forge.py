@@ -135,7 +135,11 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
         await bus.send(topics.TASKS, PARENT, key="p")
         await bus.send(topics.TASKS, other, key="q")
         async with forge.running(config) as app:
-            await bus.producer.send_and_wait(bus.names.of(topics.JUDGED), b"\xc1 not msgpack", key=b"junk")
+            # one good record of a task nothing else uses first: the junk's offset is not 0
+            await send_all(bus, group(msgspec.structs.replace(other, task_id="z"), "r0", 1)[:1])
+            junk = await bus.producer.send_and_wait(
+                bus.names.of(topics.JUDGED), b"\xc1 not msgpack", key=b"junk"
+            )
             # --- 7 of 8 succeed: harder, with the failed rollout's high-risk step ---
             await send_all(bus, group(PARENT, "r1", 7))
             await send_all(bus, group(PARENT, "r1", 7)[:2])  # redelivered: not counted again
@@ -160,6 +164,9 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
 
             letters = await wait_for(bus, topics.DLQ, lambda v: len(v) >= 1)
             assert letters[0].value == b"\xc1 not msgpack" and letters[0].error.startswith("decode")
+            # the record's real place in the source topic, not the repartition topic's
+            source = (letters[0].source_topic, letters[0].partition, letters[0].offset, letters[0].key)
+            assert source == (junk.topic, junk.partition, junk.offset, b"junk")
 
             # --- half a window of q, then a restart ---
             await send_all(bus, group(other, "r3", 1)[:3])
