@@ -144,6 +144,10 @@ def _staged(binary: Path) -> Path:
     root = Path(tempfile.gettempdir()) / f"forgestream-bwrap-{digest}"
     staged = root / package.name / binary.parent.name / binary.name
     if staged.is_file():
+        # /tmp is shared: use a copy only if root made it and nobody else can have changed it
+        parts = [root, *root.rglob("*")]  # the binary and its bundled libraries
+        if any(p.lstat().st_uid != 0 or p.lstat().st_mode & 0o022 or p.is_symlink() for p in parts):
+            raise SandboxUnavailable(f"{root} is not root-owned and write-protected; remove it")
         return staged
     building = Path(tempfile.mkdtemp(prefix=".forgestream-bwrap-", dir=tempfile.gettempdir()))
     (building / package.name / binary.parent.name).mkdir(parents=True)

@@ -214,3 +214,10 @@ def test_root_stages_bwrap_where_uid_65534_can_run_it(tmp_path: Path) -> None:
     done = subprocess.run([str(staged), "--version"], user=65534, group=65534, extra_groups=[], env={},
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == 0 and "bubblewrap" in done.stdout
+    root = staged.parents[2]
+    root.chmod(0o777)  # as if anyone could have swapped the binary
+    try:
+        with pytest.raises(SandboxUnavailable, match="not root-owned and write-protected"):
+            sandbox._staged(bwrap_path())
+    finally:
+        root.chmod(0o755)
