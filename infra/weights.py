@@ -242,7 +242,8 @@ class WeightStore:
         tmp.mkdir(parents=True)
         try:
             try:
-                names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(source, detail=False)]
+                listing = self.fs.ls(source, detail=True)
+                names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in listing if e["type"] == "file"]
             except FileNotFoundError as e:
                 raise WeightsRejected(f"{what}: not in the store ({e})") from e
             pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES))
