@@ -36,6 +36,10 @@ ROLE_ORDER = [
     "scheduler",
 ]
 
+# Roles off the policy's critical path run at a lower CPU priority: on a small machine the actor ->
+# judge -> signals -> policy learner chain gets the cores first, and these use what is left.
+NICENESS: dict[str, int] = {"evaluator": 10, "reward-learner": 5}
+
 
 @dataclass
 class RoleProcess:
@@ -81,6 +85,8 @@ async def _spawn(rp: RoleProcess, env: dict[str, str]) -> None:
     )
     rp.started_at = time.time()
     log.close()
+    if NICENESS.get(rp.role):
+        os.setpriority(os.PRIO_PROCESS, rp.process.pid, NICENESS[rp.role])
 
 
 async def _stop(procs: list[RoleProcess], grace_s: float) -> None:

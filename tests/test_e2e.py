@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.bus import Bus
+from infra.up import NICENESS
 from schemas import topics
 from schemas.config import KafkaConfig
 from tests.conftest import run_sync
@@ -67,6 +68,19 @@ def env_for_tests() -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"}
 
 
+def role_niceness(parent: int, role: str) -> int | None:
+    """The niceness of `parent`'s child process running `forgestream run ROLE`, None if there is none."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and argv[-3:-1] == [b"run", role.encode()]:
+            return os.getpriority(os.PRIO_PROCESS, int(pid))
+    return None
+
+
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -110,6 +124,11 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
         # (That throughput rises with actors is shown in test_actor_scaling.py, where the actors are
         # the only busy processes: inside `up` on 2 cores they share the CPU with the judge and learners.)
         wait_for(lambda: trajectories_by_actor(kafka), 300, "the first trajectory")
+        # roles off the policy's critical path run at a lower CPU priority, the others at ours
+        for role in ("evaluator", "reward-learner", "judge", "policy-learner"):
+            assert role_niceness(up.pid, role) == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS.get(
+                role, 0
+            ), role
         second_actor = subprocess.Popen(
             [*CLI, "run", "actor", "--bootstrap", info["bootstrap"], "--workdir", str(workdir), "--config", str(config)],
             cwd=ROOT, env=env, stdout=open(tmp_path / "actor2.log", "wb"), stderr=subprocess.STDOUT,
