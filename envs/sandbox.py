@@ -214,7 +214,7 @@ def _check_bwrap() -> None:
     """Start one trivial sandbox; SandboxUnavailable with bwrap's own words if that fails."""
     work = tempfile.mkdtemp(prefix="forgestream-sandbox-check-")
     try:
-        os.chmod(work, 0o777)
+        _hand_over(work)
         done = subprocess.run([*_bwrap_argv(work), "-S", "-c", "print('ok')"], **_as_nobody(),
                               capture_output=True, text=True, timeout=30, env={})  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -233,6 +233,13 @@ def _as_nobody() -> dict[str, object]:
     if os.geteuid() != 0:
         return {}
     return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+
+
+def _hand_over(work: str) -> None:
+    """The work folder belongs to the uid the sandbox runs as (65534 when the caller is root), and to
+    nobody else."""
+    if os.geteuid() == 0:
+        os.chown(work, NOBODY, NOBODY)
 
 
 def _kill_group(pid: int) -> None:
@@ -276,7 +283,7 @@ def run_python(
         limit_args = [str(max(1, int(limits.cpu_s))), str(int(limits.memory_mb) * 1024 * 1024),
                       str(int(limits.max_file_bytes)), str(int(limits.max_processes))]  # fmt: skip
         if confined:
-            os.chmod(work, 0o777)  # the sandbox's uid writes here
+            _hand_over(work)
             argv, env, cwd, extra = _bwrap_argv(work), {}, work, _as_nobody()
         else:
             argv, env, cwd, extra = [sys.executable], dict(_SAFE_ENV, HOME=work, TMPDIR=work), work, {}
