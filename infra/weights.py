@@ -246,13 +246,6 @@ class WeightStore:
                 names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in listing if e["type"] == "file"]
             except FileNotFoundError as e:
                 raise WeightsRejected(f"{what}: not in the store ({e})") from e
-            pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES))
-            if pickles:
-                raise WeightsRejected(
-                    f"{what}: refusing a folder with pickle checkpoints {pickles}; safetensors only"
-                )
-            if WEIGHTS_FILE not in names:
-                raise WeightsRejected(f"{what}: no {WEIGHTS_FILE} (only safetensors weights are accepted)")
             digest = hashlib.sha256()
             for name in names:
                 with self.fs.open(f"{source}/{name}", "rb") as src, open(tmp / name, "wb") as dst:
@@ -261,7 +254,7 @@ class WeightStore:
                         if name == WEIGHTS_FILE:
                             digest.update(chunk)
             try:
-                check_safetensors(tmp / WEIGHTS_FILE)
+                check_folder(tmp)  # safetensors only, no pickle beside it (nothing here is loaded yet)
             except WeightsRejected as e:
                 raise WeightsRejected(f"{what}: {e}; refusing to load it") from e
             if digest.hexdigest() != event.sha256:
