@@ -2,7 +2,8 @@
 
 - file: TOML whose tables mirror `RunConfig` (`[kafka]`, `[policy_learner]`, ...);
 - environment: `FORGESTREAM_KAFKA__BOOTSTRAP=host:9092` (section, double underscore, field);
-  values are read as TOML literals when they parse (`3`, `true`, `[0.9, 0.99]`), else as strings;
+  a value for a text field is taken verbatim (a numeric password stays text, quotes stay); any other
+  value is read as a TOML literal when it parses (`3`, `true`, `[0.9, 0.99]`), else as a string;
 - flags: a mapping of dotted keys (`{"kafka.bootstrap": "host:9092"}`).
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import os
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, Union
 
 import msgspec
 
@@ -21,7 +24,7 @@ from schemas.config import RunConfig
 C = TypeVar("C", bound=msgspec.Struct)
 ENV_PREFIX = "FORGESTREAM_"
 # FORGESTREAM_* variables that locate things for a process (config file, caches, tools, sandbox mode)
-# rather than set a config field.
+# rather than set a config field. FORGESTREAM_SUPERVISOR: the pid of the `up` a role dies with.
 PROCESS_VARIABLES = frozenset(
     {
         "FORGESTREAM_CONFIG",
@@ -29,6 +32,7 @@ PROCESS_VARIABLES = frozenset(
         "FORGESTREAM_TANSU",
         "FORGESTREAM_S3RVER",
         "FORGESTREAM_SANDBOX",
+        "FORGESTREAM_SUPERVISOR",
     }
 )
 
@@ -44,6 +48,27 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
+def _field_type(root: type, dotted: str) -> Any:
+    """The type of a dotted config field, or None where there is no such field (validation names it)."""
+    node: Any = root
+    for part in dotted.split("."):
+        if not (isinstance(node, type) and issubclass(node, msgspec.Struct)):
+            return None
+        node = typing.get_type_hints(node).get(part)
+    return node
+
+
+def _is_text(tp: Any) -> bool:
+    """str, a Literal of strings, or an optional of those."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return all(isinstance(a, str) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return bool(args) and all(_is_text(a) for a in args)
+    return tp is str
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
@@ -55,13 +80,13 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+def _env_overrides(environ: Mapping[str, str], config_type: type) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX) or name in PROCESS_VARIABLES:
             continue
         dotted = name.removeprefix(ENV_PREFIX).lower().replace("__", ".")
-        _set_dotted(tree, dotted, _parse_scalar(raw))
+        _set_dotted(tree, dotted, raw if _is_text(_field_type(config_type, dotted)) else _parse_scalar(raw))
     return tree
 
 
@@ -92,7 +117,7 @@ def load_config(
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p}: {e}") from None
-    data = _merge(data, _env_overrides(os.environ if environ is None else environ))
+    data = _merge(data, _env_overrides(os.environ if environ is None else environ, config_type))
     flag_tree: dict[str, Any] = {}
     for dotted, value in (flags or {}).items():
         if value is not None:

@@ -308,3 +308,29 @@ def test_cross_field_rules_fail_at_load_naming_both_fields(
         load_config(environ=env)
     assert all(name in str(failed.value) for name in names)
     assert load_config(environ={"FORGESTREAM_SCHEDULER__ETA": "5", "FORGESTREAM_POLICY_LEARNER__ETA": "5"})
+
+
+def test_environment_values_for_text_fields_are_taken_verbatim() -> None:
+    """A numeric or quoted password set by environment variable stays the text the user wrote; other
+    fields still read TOML literals (numbers, booleans, arrays)."""
+    from infra.config import ConfigError, load_config
+
+    cfg = load_config(
+        environ={
+            "FORGESTREAM_KAFKA__SASL_PASSWORD": "12345",
+            "FORGESTREAM_KAFKA__SASL_USERNAME": '"alice"',
+            "FORGESTREAM_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "FORGESTREAM_POLICY_LEARNER__LR": "0.001",
+            "FORGESTREAM_POLICY_LEARNER__BETAS": "[0.9, 0.99]",
+            "FORGESTREAM_EVALUATOR__ENABLED": "false",
+        }
+    )
+    assert cfg.kafka.sasl_password == "12345"
+    assert cfg.kafka.sasl_username == '"alice"'
+    assert cfg.kafka.security_protocol == "SASL_PLAINTEXT"
+    assert cfg.policy_learner.lr == 0.001 and cfg.policy_learner.betas == (0.9, 0.99)
+    assert cfg.evaluator.enabled is False
+    with pytest.raises(ConfigError, match="lr"):
+        load_config(environ={"FORGESTREAM_POLICY_LEARNER__LR": "fast"})
+    with pytest.raises(ConfigError, match="no_such_field"):
+        load_config(environ={"FORGESTREAM_KAFKA__NO_SUCH_FIELD": "1"})
