@@ -105,14 +105,20 @@ def main() -> None:
             runs.append({"row": row, "seed": seed, "eval": result, "run_s": time.time() - t0,
                          "status": snapshot})  # fmt: skip
             print(f"{row} seed {seed}: {summarize_run(result, band)}", flush=True)
-    table = aggregate(runs, band)
-    out = {"machine": "2 cores, no GPU", "minutes_per_run": args.minutes, "seeds": args.seeds,
-           "tasks_per_level": args.tasks, "band": band, "harder": band + 2, "table": table, "runs": runs,
-           "wall_s": time.time() - started}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
+            write(args, runs, band, started, complete=False)  # a stopped bench keeps its finished runs
+    table = write(args, runs, band, started, complete=True)
     plot(table, band, args.out.with_suffix(".png"))
     print(markdown(table, band, args.minutes, args.seeds))
+
+
+def write(args: argparse.Namespace, runs: list[dict], band: int, started: float, *, complete: bool) -> dict:
+    table = aggregate(runs, band)
+    out = {"machine": "2 cores, no GPU", "minutes_per_run": args.minutes, "seeds": args.seeds,
+           "tasks_per_level": args.tasks, "band": band, "harder": band + 2, "complete": complete,
+           "table": table, "runs": runs, "wall_s": time.time() - started}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    return table
 
 
 def summarize_run(result: dict, band: int) -> dict:

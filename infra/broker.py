@@ -149,10 +149,16 @@ def wait_reachable(bootstrap: str, timeout_s: float = 3.0) -> None:
         time.sleep(0.1)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux; a no-op elsewhere).
+    The parent is the thread that forked us: call it in a child started from the main thread."""
     PR_SET_PDEATHSIG = 1
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    die_with_parent(signal.SIGKILL)
 
 
 class _Child:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from infra.broker import Broker, BrokerError, wait_reachable
+from infra.broker import Broker, BrokerError, die_with_parent, wait_reachable
 from infra.config import ConfigError, load_config
 from schemas.config import KafkaConfig, RunConfig
 
@@ -225,6 +225,13 @@ def run(
     """Run one role until SIGTERM/SIGINT (graceful: finish in-flight work, commit, leave the group)."""
     if role not in ROLES:
         fail(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
+    if supervisor:  # started by `up`: drain and stop when it dies, even by kill -9 (no orphans)
+        import signal
+
+        die_with_parent(signal.SIGTERM)
+        if str(os.getppid()) != supervisor:
+            fail(f"role {role}: its supervisor (pid {supervisor}) is gone; not starting", code=1)
     flags = {"kafka.bootstrap": bootstrap, "kafka.topic_prefix": topic_prefix}
     flags["workdir"] = str(workdir) if workdir is not None else None
     cfg = build_config(config, flags)

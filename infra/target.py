@@ -3,14 +3,17 @@
 `--bootstrap` names a running broker. `--workdir` names a run folder: if a broker of that run is
 still up (its address is in `<workdir>/broker.json`) we use it; otherwise, for a durable run, we start
 the broker on the run's stored data for the duration of the command, so a stopped system can be
-inspected too.
+inspected too. One `up` holds a run folder at a time (`hold_workdir`): a second `up` on it fails at
+once, and a one-off command never starts a broker on the data of a live run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +26,49 @@ if TYPE_CHECKING:
     from infra.progress import Progress
 
 BROKER_FILE = "broker.json"
+LOCK_FILE = "up.lock"
+
+
+class WorkdirInUse(RuntimeError):
+    """Another `forgestream up` holds this run folder."""
+
+
+@contextlib.contextmanager
+def hold_workdir(workdir: Path) -> Iterator[None]:
+    """Exclusive hold of a run folder for one `up`: an flock on <workdir>/up.lock, which the kernel
+    releases when the holder dies, kill -9 included (no stale lock to clean up)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(workdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise WorkdirInUse(
+            f"{workdir} is in use by another `forgestream up` (pid {holder}): two runs on one folder "
+            "would share its checkpoints; stop that one or choose another --workdir"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def workdir_held(workdir: Path) -> bool:
+    """Whether a live `up` holds the run folder (probed with a shared, non-blocking flock)."""
+    path = workdir / LOCK_FILE
+    if not path.is_file():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def record_broker(workdir: Path, bootstrap: str, durable: bool) -> None:
@@ -47,6 +93,12 @@ async def kafka_for(
             return
         except BrokerError:
             pass  # that run has stopped
+    if workdir_held(workdir):
+        raise BrokerError(
+            f"the `up` that holds {workdir} is live but its broker "
+            f"({info.get('bootstrap') or 'address not yet recorded'}) does not answer; try again shortly "
+            "(a second broker on a live run's data is never started)"
+        )
     if not info.get("durable") or not (workdir / "broker").is_dir():
         raise BrokerError(
             f"no broker for {workdir}: the run is not running and kept no durable data "

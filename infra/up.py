@@ -138,7 +138,14 @@ def _render(progress: Any, procs: list[RoleProcess], elapsed: float) -> Any:
 
 
 async def run_up(config: RunConfig, options: UpOptions) -> int:
-    """Run the loop; returns the process exit code."""
+    """Run the loop, holding its workdir (a second `up` on it fails at once); returns the exit code."""
+    from infra.target import hold_workdir
+
+    with hold_workdir(Path(config.workdir).resolve()):
+        return await _run_up(config, options)
+
+
+async def _run_up(config: RunConfig, options: UpOptions) -> int:
     from rich.console import Console
     from rich.live import Live
 
@@ -156,7 +163,7 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
     bootstrap = options.bootstrap
     if bootstrap is None:
         broker = Broker(durable=not options.ephemeral, data_dir=workdir / "broker")
-        await anyio.to_thread.run_sync(broker.start)
+        broker.start()  # on the main thread, so the broker is told to die with us (see die_with_parent)
         bootstrap = broker.bootstrap
         console.print(f"broker: {'memory' if options.ephemeral else 'durable'} Tansu at {bootstrap}")
     shutdown = anyio.Event()
@@ -183,6 +190,7 @@ async def run_up(config: RunConfig, options: UpOptions) -> int:
             {
                 "FORGESTREAM_KAFKA__BOOTSTRAP": bootstrap,
                 "FORGESTREAM_WORKDIR": str(workdir),
+                "FORGESTREAM_SUPERVISOR": str(os.getpid()),  # roles die with `up`, even after a kill -9
                 "OMP_NUM_THREADS": "1",
                 "TOKENIZERS_PARALLELISM": "false",
                 "PYTHONUNBUFFERED": "1",

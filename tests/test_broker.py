@@ -91,6 +91,68 @@ def test_broker_dies_with_its_parent() -> None:
         parent.kill()
 
 
+def test_a_role_started_by_up_stops_when_up_is_killed() -> None:
+    """`up` hands its pid to each role (FORGESTREAM_SUPERVISOR); the role asks for SIGTERM when its
+    parent dies, so a kill -9 of `up` drains the roles instead of orphaning them."""
+    child = (
+        "import signal, time; from infra.broker import die_with_parent; die_with_parent(signal.SIGTERM); "
+        "print('ready', flush=True); time.sleep(120)"
+    )
+    supervisor = (
+        "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, "
+        "text=True); assert c.stdout.readline() == 'ready\\n'; print(c.pid, flush=True); input()"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", supervisor, child], cwd=ROOT, stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        role_pid = int(parent.stdout.readline())
+        assert not gone(role_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        wait_until(lambda: gone(role_pid), 10, "the role of a killed supervisor to stop")
+    finally:
+        parent.kill()
+    # a role whose supervisor is already gone (it is not our parent) refuses to start
+    orphan = subprocess.run([*CLI, "run", "scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env=os.environ | {"FORGESTREAM_SUPERVISOR": "1"})  # fmt: skip
+    assert orphan.returncode == 1 and "supervisor (pid 1) is gone" in orphan.stderr
+
+
+def test_one_up_per_workdir_and_the_config_file_names_it(tmp_path: Path) -> None:
+    """A second `up` on a held run folder fails at once, naming the folder and the holder; the folder is
+    the config file's `workdir` when --workdir is not given; a killed holder leaves no stale lock."""
+    from infra.target import WorkdirInUse, hold_workdir, workdir_held
+
+    workdir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(f'workdir = "{workdir}"\n')
+    with hold_workdir(workdir):
+        assert workdir_held(workdir)
+        with pytest.raises(WorkdirInUse, match=f"pid {os.getpid()}"):
+            with hold_workdir(workdir):
+                pass
+        started = time.monotonic()
+        second = run_cli("up", "--config", str(config), "--ephemeral", "--minutes", "1", timeout=60)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"{workdir} is in use by another `forgestream up` (pid {os.getpid()})" in second.stderr
+        assert time.monotonic() - started < 30  # before any broker or model starts
+        assert not (workdir / "broker.json").exists()
+    assert not workdir_held(workdir)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from infra.target import hold_workdir\n"
+         "with hold_workdir(Path(sys.argv[1])): print('held', flush=True); input()", str(workdir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert workdir_held(workdir)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(5)
+        assert not workdir_held(workdir)
+    finally:
+        holder.kill()
+
+
 def request(i: int) -> ev.RolloutRequest:
     spec = ev.TaskSpec(task_id=f"t{i}", domain="code", difficulty=0, params={}, seed=i)
     return ev.RolloutRequest(request_id=f"r{i}", task=spec, n=4)

@@ -14,8 +14,12 @@ from infra.cli import BootstrapOpt, ConfigOpt, app, build_config, fail
 def up(
     config: ConfigOpt = None,
     workdir: Annotated[
-        Path, typer.Option(help="Run folder: broker data, models, weights, checkpoints, logs, report.")
-    ] = Path(".work/run"),
+        Path | None,
+        typer.Option(
+            help="Run folder: broker data, models, weights, checkpoints, logs, report "
+            "[default: the config's workdir, .work/run]."
+        ),
+    ] = None,
     ephemeral: Annotated[bool, typer.Option(help="Broker in memory (nothing survives the run).")] = False,
     bootstrap: BootstrapOpt = None,
     minutes: Annotated[float | None, typer.Option(min=0.05, help="Stop after this many minutes.")] = None,
@@ -50,10 +54,11 @@ def up(
 
     from infra.broker import BrokerError
     from infra.cli import require_broker
+    from infra.target import WorkdirInUse
     from infra.up import UpOptions, run_up
 
     flags = {
-        "workdir": str(workdir),
+        "workdir": str(workdir) if workdir is not None else None,  # unset: the config file's stands
         "kafka.bootstrap": bootstrap,
         "scheduler.domain": domain,
         "policy_model.preset": preset,
@@ -90,7 +95,7 @@ def up(
     )
     try:
         code = anyio.run(run_up, cfg, options)
-    except BrokerError as e:
+    except (BrokerError, WorkdirInUse) as e:
         fail(str(e))
     if code:
         raise typer.Exit(code)
