@@ -10,6 +10,10 @@ Invariants:
   DeadLetter (raw bytes, error, source physical topic/partition/offset) and the loop goes on.
   Exceptions that mean "the process is unhealthy" propagate instead: `FatalError`, any
   `aiokafka.errors.KafkaError` (broker gone: restart and redeliver) and cancellation;
+- a transient fault is not the record's fault: a handler raising `TRANSIENT` (`TransientError`, an
+  OSError such as a failed read or spawn, MemoryError) is retried with backoff, its offset
+  uncommitted; if it has not cleared after `KafkaConfig.transient_retry_s` the consumer stops with a
+  FatalError (the role restarts and the record is redelivered); never dead-lettered;
 - redelivered records whose idempotency key this process already handled are skipped (LRU window of
   `KafkaConfig.dedup_window` keys); effects that must survive restarts are deduplicated downstream;
 - shutdown (the event, e.g. set by SIGTERM): stop fetching, finish the in-flight record, commit,
@@ -46,6 +50,15 @@ _DLQ_HEADROOM = 64 << 10  # bytes kept free in a dead letter for its metadata
 
 class FatalError(Exception):
     """Raised by a handler to stop the consumer (and the process) instead of dead-lettering a record."""
+
+
+class TransientError(Exception):
+    """Raised by a handler for a fault of the moment (a store, a sandbox, a peer that did not answer):
+    the record is retried, never dead-lettered."""
+
+
+TRANSIENT: tuple[type[BaseException], ...] = (TransientError, OSError, MemoryError)
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +259,7 @@ class Bus:
         self.kafka = kafka
         self.role = role
         self.names = TopicNames(kafka.topic_prefix)
-        self.stats = {"sent": 0, "handled": 0, "duplicates": 0, "dead_letters": 0}
+        self.stats = {"sent": 0, "handled": 0, "duplicates": 0, "dead_letters": 0, "retries": 0}
         self._producer: AIOKafkaProducer | None = None
 
     # --- lifecycle ---
@@ -394,7 +407,8 @@ class Bus:
                             break
                         if tp not in consumer.assignment():
                             break  # revoked while we were busy: the new owner redelivers
-                        await self._handle(raw, group, handler, idempotency_key, seen)
+                        if not await self._handle(raw, group, handler, idempotency_key, seen, shutdown):
+                            break  # shut down while retrying: uncommitted, redelivered after restart
                         offsets.mark(tp, raw.offset + 1)
                         if time.monotonic() - offsets.last_commit >= self.kafka.commit_interval_s:
                             await offsets.commit()
@@ -414,26 +428,48 @@ class Bus:
         handler: Callable[[Record[Any]], Awaitable[None]],
         idempotency_key: Callable[[Record[Any]], str] | None,
         seen: _Dedup,
-    ) -> None:
+        shutdown: anyio.Event | None = None,
+    ) -> bool:
+        """Handle one raw record; False only when shutdown came while a transient fault was retried
+        (the record is then neither handled nor dead-lettered and must stay uncommitted)."""
         try:
             record = self.decode(raw)
         except (*codec.DecodeError, UnicodeDecodeError) as e:
             await self.dead_letter(raw, f"decode: {e}", group=group)
-            return
-        try:
-            key = idempotency_key(record) if idempotency_key is not None else None
-            if key is not None and key in seen:
-                self.stats["duplicates"] += 1
-                return
-            await handler(record)
-        except (FatalError, KafkaError):
-            raise
-        except Exception as e:
-            await self.dead_letter(raw, f"handler: {type(e).__name__}: {e}", group=group)
-            return
+            return True
+        key = None
+        delay, deadline = _RETRY_FIRST_S, time.monotonic() + self.kafka.transient_retry_s
+        while True:
+            try:
+                key = idempotency_key(record) if idempotency_key is not None else None
+                if key is not None and key in seen:
+                    self.stats["duplicates"] += 1
+                    return True
+                await handler(record)
+                break
+            except (FatalError, KafkaError):
+                raise
+            except TRANSIENT as e:
+                where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
+                if time.monotonic() + delay > deadline:
+                    raise FatalError(
+                        f"{where}: transient fault not cleared after {self.kafka.transient_retry_s:g} s "
+                        f"({type(e).__name__}: {e}); stopping so the record is redelivered after a restart"
+                    ) from e
+                self.stats["retries"] += 1
+                log.warning("%s: transient %s: %s; retrying in %.1f s", where, type(e).__name__, e, delay)
+                with anyio.move_on_after(delay):
+                    await (shutdown.wait() if shutdown is not None else anyio.sleep(delay))
+                if shutdown is not None and shutdown.is_set():
+                    return False
+                delay = min(delay * 2, _RETRY_MAX_S)
+            except Exception as e:
+                await self.dead_letter(raw, f"handler: {type(e).__name__}: {e}", group=group)
+                return True
         if key is not None:
             seen.add(key)
         self.stats["handled"] += 1
+        return True
 
     def batch_consumer(self, topics: list[str], *, group: str) -> BatchConsumer:
         return BatchConsumer(self, topics, group=group)

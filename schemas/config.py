@@ -59,6 +59,10 @@ class KafkaConfig(Config, frozen=True, kw_only=True):
     dedup_window: Annotated[int, Meta(ge=0, le=10_000_000)] = 100_000
     """Idempotency keys remembered per consumer to drop redelivered events."""
     dlq_enabled: bool = True
+    transient_retry_s: Annotated[float, Meta(ge=0.0, le=240.0)] = 120.0
+    """A handler's transient faults on one record (OSError, MemoryError, TransientError) are retried
+    with backoff this long, then the role stops and restarts (the record is redelivered, never
+    dead-lettered). Below aiokafka's 300 s max poll interval, so retrying never costs the group."""
     commit_interval_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 0.5
     """Handled offsets are committed at most this often (and always at shutdown / revocation)."""
 

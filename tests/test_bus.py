@@ -163,6 +163,53 @@ async def test_fatal_errors_stop_the_consumer_without_committing(kafka_config: K
         assert again[0].offset == 0 and bus.stats["dead_letters"] == 0
 
 
+async def test_transient_faults_are_retried_not_dead_lettered(kafka_config: KafkaConfig) -> None:
+    """An OSError (a store read, a sandbox spawn) or MemoryError is the moment's fault, not the
+    record's: retried with backoff until it clears, the next record after it; a ValueError is the
+    record's own and goes to the DLQ."""
+    async with Bus(kafka_config, role="test") as bus:
+        await bus.send_many(T.METRICS, [("one-key", metric(i)) for i in range(3)])
+        faults = {0: [OSError("weight store unreachable"), MemoryError()], 1: [ValueError("bad in itself")]}
+        calls: list[int] = []
+        done = anyio.Event()
+
+        async def handler(record: Record[ev.Metric]) -> None:
+            calls.append(record.offset)
+            pending = faults.get(record.offset)
+            if pending:
+                raise pending.pop(0)
+            if record.offset == 2:
+                done.set()
+
+        with anyio.fail_after(30):
+            await bus.consume([T.METRICS], group="g-transient", handler=handler, shutdown=done)
+        assert calls == [0, 0, 0, 1, 2]
+        assert bus.stats["retries"] == 2 and bus.stats["dead_letters"] == 1 and bus.stats["handled"] == 2
+        letters = [r.value for r in await bus.read_topic(T.DLQ)]
+        assert [d.error for d in letters if d.group == "g-transient"] == [
+            "handler: ValueError: bad in itself"
+        ]
+
+
+async def test_a_transient_fault_that_never_clears_stops_the_consumer_uncommitted(
+    kafka_config: KafkaConfig,
+) -> None:
+    import msgspec
+
+    kafka = msgspec.structs.replace(kafka_config, transient_retry_s=1.0)
+    async with Bus(kafka, role="test") as bus:
+        await bus.send(T.METRICS, metric(0), key="k")
+
+        async def handler(record: Record[Any]) -> None:
+            raise OSError("disk gone")
+
+        with pytest.raises(FatalError, match="transient fault not cleared after 1 s"), anyio.fail_after(20):
+            await bus.consume([T.METRICS], group="g-transient-stuck", handler=handler)
+        assert bus.stats["retries"] >= 1 and bus.stats["dead_letters"] == 0
+        again = await consume_until(bus, [T.METRICS], "g-transient-stuck", 1)  # not committed: redelivered
+        assert again[0].offset == 0
+
+
 async def test_duplicates_are_skipped_by_idempotency_key(kafka_config: KafkaConfig) -> None:
     async with Bus(kafka_config, role="test") as bus:
         # the same request twice (a producer retry), then a different one
