@@ -239,7 +239,9 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                         min_policy_version=max(0, version - cfg.eta),
                     )
                     sequence += 1
-                    await bus.send(topics.ROLLOUT_REQUESTS, request, key=task.task_id)
+                    # keyed by request, not task: with few tasks a task key left partitions (and the
+                    # actors that own them) idle while work was queued on others
+                    await bus.send(topics.ROLLOUT_REQUESTS, request, key=request.request_id)
                     flight.sent(request.request_id, request.n, time.monotonic())
                 if picked:
                     await bus.metric("scheduler/requests", float(len(picked)), step=version)

@@ -50,7 +50,7 @@ TOPICS: dict[str, TopicSpec] = {
     t.name: t
     for t in [
         TopicSpec(TASKS, "task_id", ev.TaskSpec, 4, _COMPACT),
-        TopicSpec(ROLLOUT_REQUESTS, "task_id", ev.RolloutRequest, 8, _delete()),
+        TopicSpec(ROLLOUT_REQUESTS, "request_id", ev.RolloutRequest, 8, _delete()),
         TopicSpec(TRAJECTORIES, "request_id", ev.Trajectory, 8, _delete(_LONG_MS)),
         TopicSpec(JUDGED, "request_id", ev.JudgedTrajectory, 8, _delete(_LONG_MS)),
         TopicSpec(SAMPLES_POLICY, "request_id", ev.PolicySampleBatch, 4, _delete()),

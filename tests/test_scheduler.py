@@ -162,3 +162,21 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         await anyio.sleep(1.0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3
         shutdown.set()
+
+
+@pytest.mark.timeout(90)
+async def test_requests_of_one_task_spread_over_partitions(kafka_config: Any, tmp_path: Any) -> None:
+    """Requests are keyed by request id: with a single task they still reach several partitions, so
+    several actors share the work (a task key put them all on one partition, one actor)."""
+    cfg = SchedulerConfig(domain="household", seed_tasks=1, seed_difficulty=0, rollouts_per_task=2,
+                          max_concurrent_requests=8, batch_size=8, eta=0, poll_s=0.1)  # fmt: skip
+    config = RunConfig(workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg)
+    shutdown = anyio.Event()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(scheduler.run, config, shutdown=shutdown))
+        await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 8)
+        records = await bus.read_topic(topics.ROLLOUT_REQUESTS)
+        assert len({r.value.task.task_id for r in records}) == 1
+        assert all(r.key == r.value.request_id for r in records)
+        assert len({r.partition for r in records}) >= 3  # 8 hashed keys on 8 partitions
+        shutdown.set()
