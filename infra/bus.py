@@ -187,12 +187,15 @@ async def stop_consumer(consumer: AIOKafkaConsumer, via: AIOKafkaProducer | None
                 )
 
 
-class _Dedup:
-    """Bounded LRU set of idempotency keys."""
+class RecentKeys:
+    """Bounded LRU set of keys (idempotency keys, finished ids): memory stays flat on a long run."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
     def __contains__(self, key: str) -> bool:
         if key in self._keys:
@@ -395,7 +398,7 @@ class Bus:
         """Group consumer loop until `shutdown` is set (see the module docstring for the guarantees)."""
         consumer = self._consumer(group)
         offsets = _Offsets(consumer)
-        seen = _Dedup(self.kafka.dedup_window if idempotency_key is not None else 0)
+        seen = RecentKeys(self.kafka.dedup_window if idempotency_key is not None else 0)
         consumer.subscribe([self.names.of(t) for t in topics], listener=offsets)
         await consumer.start()
         try:
@@ -427,7 +430,7 @@ class Bus:
         group: str,
         handler: Callable[[Record[Any]], Awaitable[None]],
         idempotency_key: Callable[[Record[Any]], str] | None,
-        seen: _Dedup,
+        seen: RecentKeys,
         shutdown: anyio.Event | None = None,
     ) -> bool:
         """Handle one raw record; False only when shutdown came while a transient fault was retried

@@ -8,10 +8,12 @@ trajectories, dead letters) plus the learners' metrics, so `status`, the live vi
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.bus import RecentKeys
 from schemas import events as ev
 from schemas import topics as tp
 
@@ -19,9 +21,20 @@ from schemas import topics as tp
 PROGRESS_TOPICS = [tp.WEIGHTS, tp.TASKS, tp.TASK_EVENTS, tp.JUDGED, tp.METRICS, tp.DLQ]
 
 
+MAX_POINTS = 4096  # per series: a run of days keeps its whole time range at a coarser step
+
+
+def thin(points: list[Any]) -> None:
+    """Halve a list in place, keeping its first and last point (bounded memory, whole time range)."""
+    last = points[-1]
+    del points[1::2]
+    if points[-1] is not last:
+        points.append(last)
+
+
 @dataclass
 class Series:
-    """A time series sampled whenever the value changes."""
+    """A time series sampled whenever the value changes, at most MAX_POINTS points."""
 
     t: list[float] = field(default_factory=list)
     y: list[float] = field(default_factory=list)
@@ -31,6 +44,9 @@ class Series:
             return
         self.t.append(t)
         self.y.append(y)
+        if len(self.t) > MAX_POINTS:
+            thin(self.t)
+            thin(self.y)
 
 
 @dataclass
@@ -38,14 +54,18 @@ class Progress:
     success_window: int = 128
     versions: dict[str, int] = field(default_factory=dict)
     tasks: dict[str, ev.TaskSpec] = field(default_factory=dict)
-    judged_keys: set[str] = field(default_factory=set)
+    trajectories: int = 0  # distinct judged trajectories
+    judged_keys: RecentKeys = field(default_factory=lambda: RecentKeys(100_000))  # redelivery window
     outcomes: collections.deque[int] = field(default_factory=collections.deque)
     accepted: set[str] = field(default_factory=set)
     rejected: set[str] = field(default_factory=set)
     task_events: int = 0
     dlq: int = 0
     samples_trained: dict[str, float] = field(default_factory=dict)
-    staleness: list[float] = field(default_factory=list)
+    # staleness metric values (learner version - sample version, a batch's mean): histogram of their
+    # whole-version floors, and the running sum for the mean
+    staleness: collections.Counter[int] = field(default_factory=collections.Counter)
+    staleness_sum: float = 0.0
     verdict_agree: int = 0
     verdict_total: int = 0
     metrics_last: dict[str, float] = field(default_factory=dict)
@@ -69,6 +89,8 @@ class Progress:
             self.series["tasks_active"].add(timestamp, self.count_status("active"))
             self.series["tasks_pending"].add(timestamp, self.count_status("pending"))
             self.difficulty_snapshots.append((timestamp, self.difficulty_spread()))
+            if len(self.difficulty_snapshots) > MAX_POINTS:
+                thin(self.difficulty_snapshots)
         elif topic == tp.TASK_EVENTS:
             self.task_events += 1
             if value.kind == "accepted":
@@ -89,6 +111,7 @@ class Progress:
         if judged.key in self.judged_keys:  # at-least-once delivery: count effects, not deliveries
             return
         self.judged_keys.add(judged.key)
+        self.trajectories += 1
         outcome = judged.trajectory.outcome
         self.outcomes.append(outcome)
         if judged.trajectory.steps:
@@ -104,7 +127,7 @@ class Progress:
                 if verdict != 0:
                     self.verdict_total += 1
                     self.verdict_agree += int(verdict == outcome)
-        self.series["trajectories"].add(timestamp, len(self.judged_keys))
+        self.series["trajectories"].add(timestamp, self.trajectories)
         self.series["success_rate"].add(timestamp, self.success_rate)
         if self.verdict_total:
             self.series["verdict_agreement"].add(timestamp, self.verdict_agree / self.verdict_total)
@@ -116,7 +139,8 @@ class Progress:
         elif metric.name in ("eval/reward/accuracy", "eval/reward/balanced_accuracy"):
             self.process_accuracy.setdefault(metric.name.rsplit("/", 1)[1], {})[metric.step] = metric.value
         if metric.name.endswith("staleness"):
-            self.staleness.append(metric.value)
+            self.staleness[math.floor(metric.value)] += 1
+            self.staleness_sum += metric.value
         for model in ("policy", "reward"):
             if metric.name == f"learner/{model}/samples_trained":
                 # Cumulative counter per learner process; a restarted learner resumes its count.
@@ -154,7 +178,7 @@ class Progress:
         return {
             "policy_version": self.versions.get("policy", 0),
             "reward_version": self.versions.get("reward", 0),
-            "trajectories": len(self.judged_keys),
+            "trajectories": self.trajectories,
             "samples_trained": int(self.samples_trained.get("policy", 0)),
             "reward_samples_trained": int(self.samples_trained.get("reward", 0)),
             "tasks_active": self.count_status("active"),
@@ -165,7 +189,9 @@ class Progress:
             "variants_rejected": len(self.rejected),
             "success_rate": round(self.success_rate, 4),
             "trajectories_per_s": round(self.trajectories_per_s(), 3),
-            "staleness_mean": round(sum(self.staleness) / len(self.staleness), 3) if self.staleness else 0.0,
+            "staleness_mean": round(self.staleness_sum / total, 3)
+            if (total := self.staleness.total())
+            else 0.0,
             "verdict_agreement": round(self.verdict_agree / self.verdict_total, 4)
             if self.verdict_total
             else 0.0,

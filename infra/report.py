@@ -128,11 +128,12 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
     if progress.staleness:
-        ax.hist(progress.staleness, bins=range(0, int(max(progress.staleness)) + 2), align="left", rwidth=0.8)
+        versions = sorted(progress.staleness)
+        ax.bar(versions, [progress.staleness[v] for v in versions], width=0.8)
     else:
         ax.text(0.5, 0.5, "no trained samples yet", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("learner version − sample version")
-    ax.set_ylabel("samples")
+    ax.set_xlabel("learner version − sample version (batch mean, whole versions)")
+    ax.set_ylabel("trained batches")
     save(fig, "staleness", "Staleness of trained samples (off-policy lag in versions)")
 
     snapshot = progress.snapshot()

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+LEFTOVER_AGE_S = 600.0  # a staging folder this old belongs to a killed writer, not a slow one
 # Files a folder must never hold: formats that run code when loaded.
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _MAX_HEADER = 100 << 20
@@ -210,13 +211,23 @@ class WeightStore:
         return sorted(int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit())
 
     def prune(self, model_name: str) -> None:
-        """Delete all but the newest keep_last versions of `model_name`."""
+        """Delete all but the newest keep_last versions of `model_name`, and the leftovers of writes a
+        kill interrupted (staging `.tmp-*`, replaced `.old-*`) once older than LEFTOVER_AGE_S."""
         for v in self.versions(model_name)[: -self.keep_last]:
             path = f"{self.root}/{model_name}/{version_dir(v)}"
             try:
                 self.fs.rm(path, recursive=True)
             except FileNotFoundError:
                 pass
+        staging_parent = Path(f"{self.root}/{model_name}") if self.local else self._cache
+        if staging_parent.is_dir():
+            cutoff = time.time() - LEFTOVER_AGE_S
+            for leftover in [*staging_parent.glob(".tmp-*"), *staging_parent.glob(".old-*")]:
+                try:
+                    if leftover.stat().st_mtime < cutoff:
+                        shutil.rmtree(leftover, ignore_errors=True)
+                except FileNotFoundError:
+                    pass
 
     # --- reading ---
     def fetch(self, event: WeightsPublished) -> Path:

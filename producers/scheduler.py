@@ -33,7 +33,7 @@ from algorithm import capacity, group_signals
 from envs import get_environment
 from envs.base import Environment
 from envs.seeds import training_rng
-from infra.bus import Bus
+from infra.bus import Bus, RecentKeys
 from infra.taskpool import TaskPool
 from schemas import topics
 from schemas.config import RunConfig
@@ -62,31 +62,45 @@ def seed_tasks(env: Environment, count: int, difficulty: int, rng: random.Random
 # --- in-flight accounting ------------------------------------------------------------------------
 @dataclass
 class Flight:
-    """Which requests are running (until all their trajectories are judged) and which judged groups
-    carry a training signal (`has_signal(outcomes, verdicts)`)."""
+    """Which requests are running (until all their trajectories are judged) and how many judged groups
+    carried a training signal (`has_signal(outcomes, verdicts)`). Bounded on a long run: finished ids
+    are remembered in an LRU window, and an unfinished group (sent or only judged) is forgotten
+    `request_timeout_s` after it was first seen."""
 
     request_timeout_s: float
     has_signal: Callable[[list[int], list[list[list[int]]]], bool]
+    finished_window: int = 100_000
     sent_at: dict[str, float] = field(default_factory=dict)  # request_id -> monotonic send time
+    first_seen: dict[str, float] = field(default_factory=dict)  # unfinished request_id -> first event
     group_size: dict[str, int] = field(default_factory=dict)
     judged: dict[str, dict[int, tuple[int, list[list[int]]]]] = field(default_factory=dict)
     """request_id -> rollout index -> (outcome, verdicts per step)"""
-    done: set[str] = field(default_factory=set)
-    trained: set[str] = field(default_factory=set)  # judged groups with a training signal
+    accepted: int = 0  # judged groups with a training signal
     expired: int = 0
+
+    def __post_init__(self) -> None:
+        self.done = RecentKeys(self.finished_window)
 
     def sent(self, request_id: str, n: int, at: float) -> None:
         if request_id in self.done:
             return
         self.sent_at.setdefault(request_id, at)
+        self.first_seen.setdefault(request_id, at)
         self.group_size[request_id] = n
         self._maybe_finish(request_id)
 
     def judged_one(
-        self, request_id: str, rollout_index: int, group_size: int, outcome: int, verdicts: list[list[int]]
+        self,
+        request_id: str,
+        rollout_index: int,
+        group_size: int,
+        outcome: int,
+        verdicts: list[list[int]],
+        at: float | None = None,
     ) -> None:
         if request_id in self.done:
             return
+        self.first_seen.setdefault(request_id, time.monotonic() if at is None else at)
         self.group_size.setdefault(request_id, group_size)
         self.judged.setdefault(request_id, {})[rollout_index] = (outcome, verdicts)
         self._maybe_finish(request_id)
@@ -96,29 +110,27 @@ class Flight:
         rollouts = self.judged.get(request_id, {})
         if n is not None and len(rollouts) >= n:
             ordered = [rollouts[i] for i in sorted(rollouts)]
-            if self.has_signal([o for o, _ in ordered], [v for _, v in ordered]):
-                self.trained.add(request_id)
-            self.done.add(request_id)
-            self.sent_at.pop(request_id, None)
-            self.judged.pop(request_id, None)
-            self.group_size.pop(request_id, None)
+            self.accepted += bool(self.has_signal([o for o, _ in ordered], [v for _, v in ordered]))
+            self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self.done.add(request_id)
+        for table in (self.sent_at, self.first_seen, self.judged, self.group_size):
+            table.pop(request_id, None)
 
     def expire(self, now: float) -> int:
-        """Stop counting requests older than the timeout as running; returns how many expired."""
-        old = [r for r, t in self.sent_at.items() if now - t > self.request_timeout_s]
+        """Forget groups first seen longer than the timeout ago; returns how many sent ones expired
+        (they stop counting as running)."""
+        old = [r for r, t in self.first_seen.items() if now - t > self.request_timeout_s]
+        running = sum(r in self.sent_at for r in old)
         for request_id in old:
-            del self.sent_at[request_id]
-            self.done.add(request_id)
-        self.expired += len(old)
-        return len(old)
+            self._forget(request_id)
+        self.expired += running
+        return running
 
     @property
     def running(self) -> int:
         return len(self.sent_at)
-
-    @property
-    def accepted(self) -> int:
-        return len(self.trained)
 
 
 # --- task sampling -------------------------------------------------------------------------------

@@ -140,3 +140,25 @@ def test_report_writes_every_plot_and_a_page(tmp_path):
         assert png.stat().st_size > 1000, name
         assert f'src="{name}.png"' in page
     assert json.loads((tmp_path / "report" / "summary.json").read_text())["policy_version"] == 5
+
+
+def test_progress_memory_stays_flat_over_ten_times_its_bounds() -> None:
+    """`up` folds every event of a run of days: series keep their whole time range at a coarser step,
+    the redelivery window is bounded, staleness is a histogram, and the figures stay exact."""
+    from infra.progress import MAX_POINTS
+
+    p = Progress()
+    p.judged_keys = type(p.judged_keys)(1000)
+    events = 10 * MAX_POINTS
+    for i in range(events):
+        p.apply(tp.JUDGED, _judged(f"r{i}", 0, 1 if i % 4 == 0 else -1, [1]), float(i))
+        p.apply(tp.METRICS, ev.Metric(role="policy-learner", name="staleness", value=1.5), float(i))
+        p.apply(tp.TASKS, _task(f"t{i % 7}", difficulty=i % 3), float(i))
+    assert max(len(s.t) for s in p.series.values()) <= MAX_POINTS
+    assert len(p.difficulty_snapshots) <= MAX_POINTS and len(p.judged_keys) <= 1000
+    trajectories = p.series["trajectories"]
+    assert trajectories.t[0] == 0.0 and trajectories.t[-1] == events - 1  # the whole range
+    assert trajectories.y[-1] == events and p.snapshot()["trajectories"] == events
+    assert p.snapshot()["staleness_mean"] == 1.5 and p.staleness == {1: events}
+    p.apply(tp.JUDGED, _judged(f"r{events - 1}", 0, 1, [1]), float(events))  # a redelivery: not counted
+    assert p.snapshot()["trajectories"] == events

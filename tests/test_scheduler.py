@@ -67,6 +67,25 @@ def test_flight_runs_until_judged_and_accepts_groups_with_a_signal() -> None:
     assert (flight.running, flight.accepted, flight.expired) == (0, 1, 1)
 
 
+def test_flight_memory_stays_flat_over_ten_times_its_window() -> None:
+    """A run of days: finished ids live in an LRU window, and a group that never completes (sent, or
+    only partly judged after a restart) is forgotten after the timeout."""
+    flight = Flight(request_timeout_s=10.0, has_signal=signal, finished_window=100)
+    for i in range(1000):
+        at = float(i)
+        flight.sent(f"r{i}", 2, at=at)
+        flight.judged_one(f"r{i}", 0, 2, 1, [[1]], at=at)
+        if i % 2:
+            flight.judged_one(f"r{i}", 1, 2, -1, [[-1]], at=at)  # odd groups finish (with a signal)
+        flight.judged_one(f"late{i}", 0, 2, 1, [[1]], at=at)  # judged only, never completed
+        flight.expire(now=at)
+        sizes = (len(flight.sent_at), len(flight.first_seen), len(flight.judged), len(flight.group_size))
+        assert max(sizes) <= 2 * 11 and len(flight.done) <= 100
+    assert flight.accepted == 500 and flight.expired == 500 - 5  # the last 5 even groups still run
+    flight.judged_one("r999", 1, 2, -1, [[-1]])  # a redelivery of a finished group: still ignored
+    assert flight.accepted == 500
+
+
 def test_pick_tasks_puts_unscheduled_pending_first_then_spreads() -> None:
     pool = [task("a"), task("b"), task("c", "pending")]
     scheduled: dict[str, int] = {"a": 3}

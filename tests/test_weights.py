@@ -60,6 +60,29 @@ def test_prune_keeps_the_last_versions(tmp_path, trainable):
     assert store.versions("policy") == []
 
 
+def test_publish_sweeps_the_leftovers_of_killed_writes(tmp_path, trainable):
+    """A kill during a publish leaves `.tmp-*` (staging) or `.old-*` (a replaced version): the next
+    publish removes those older than LEFTOVER_AGE_S and leaves a fresh one (a writer may own it)."""
+    import os
+
+    from infra.weights import LEFTOVER_AGE_S
+
+    model, _ = trainable
+    store = WeightStore(str(tmp_path), keep_last=2)
+    parent = tmp_path / "reward"
+    stale = [parent / ".tmp-v000001-dead", parent / ".old-v000002-dead"]
+    fresh = parent / ".tmp-v000003-live"
+    for folder in [*stale, fresh]:
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"half-written")
+    for folder in stale:
+        old = folder.stat().st_mtime - LEFTOVER_AGE_S - 60
+        os.utime(folder, (old, old))
+    store.publish("reward", 1, model, None)
+    assert not any(f.exists() for f in stale) and fresh.is_dir()
+    assert store.versions("reward") == [1]
+
+
 def test_fsspec_url_round_trip(trainable):
     model, tok = trainable
     store = WeightStore("memory://fs-test-store", cache_dir=None)
