@@ -20,7 +20,7 @@ from algorithm.rewards import (
     zscore,
 )
 from algorithm.signals import GroupSignals, PolicyTarget, RewardTarget, group_signals
-from algorithm.staleness import capacity, drop_zero_advantage, filter_stale
+from algorithm.staleness import capacity, filter_stale
 from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ __all__ = [
     "cure_test_raw",
     "cure_test_rewards",
     "direction",
-    "drop_zero_advantage",
     "filter_stale",
     "group_accuracy",
     "group_signals",

@@ -30,10 +30,3 @@ def filter_stale(sample_versions: Sequence[int], current_version: int, eta: int)
         raise ValueError(f"eta must be >= 0, got {eta}")
     kept = [i for i, v in enumerate(sample_versions) if v >= current_version - eta]
     return kept, len(sample_versions) - len(kept)
-
-
-def drop_zero_advantage(
-    advantages: Sequence[float], atol: float = ZERO_ADVANTAGE_ATOL
-) -> list[tuple[int, float]]:
-    """(sample index, advantage) for every sample whose |advantage| > atol, in order."""
-    return [(i, a) for i, a in enumerate(advantages) if abs(a) > atol]

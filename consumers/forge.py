@@ -35,6 +35,7 @@ from faust.streams import current_event
 
 import algorithm
 from infra.bus import Bus
+from infra.taskpool import TaskPool
 from schemas import codec
 from schemas.config import ForgeConfig, KafkaConfig, RunConfig
 from schemas.events import CriticFeedback, DeadLetter, JudgedTrajectory, TaskEvent, TaskSpec
@@ -119,23 +120,6 @@ def decide(
     return Decision(event)
 
 
-class TaskView:
-    """Latest TaskSpec per task_id (by version) from forge.tasks plus our own publications."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, TaskSpec] = {}
-
-    def update(self, spec: TaskSpec) -> bool:
-        current = self.tasks.get(spec.task_id)
-        if current is not None and (current.version > spec.version or current == spec):
-            return False  # older, or a replay of what we know
-        self.tasks[spec.task_id] = spec
-        return True
-
-    def count(self, status: str) -> int:
-        return sum(1 for t in self.tasks.values() if t.status == status)
-
-
 # --- the faust app ---
 def _brokers(kafka: KafkaConfig) -> list[str]:
     return [f"kafka://{host.strip()}" for host in kafka.bootstrap.split(",") if host.strip()]
@@ -166,7 +150,7 @@ class Forge:
         self.config = config
         self.settings = config.forge
         self.bus = bus
-        self.view = TaskView()
+        self.view = TaskPool()  # the newest spec per task: forge.tasks plus our own publications
         kafka = config.kafka
         self.app = faust.App(
             kafka.topic_prefix + self.settings.app_id,

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from infra.bus import Bus, Record
+from infra.bus import Bus, RecentKeys, Record
 from infra.samples import build_samples
+from infra.taskpool import TaskPool
 from schemas.config import RunConfig, SignalsConfig
 from schemas.events import (
     JudgedTrajectory,
@@ -71,24 +72,22 @@ class Group:
 
 
 class TaskStatuses:
-    """What `forge.tasks` said so far: latest spec per task_id, and which variants were accepted."""
+    """What `forge.tasks` said so far: the newest spec per task_id, and which variants were accepted."""
 
     def __init__(self) -> None:
-        self.latest: dict[str, TaskSpec] = {}
+        self.pool = TaskPool()
         self.accepted: set[str] = set()
 
     def update(self, spec: TaskSpec) -> None:
-        current = self.latest.get(spec.task_id)
-        if current is None or spec.version >= current.version:
-            self.latest[spec.task_id] = spec
+        self.pool.update(spec)
         if spec.status == "active" and spec.parent_id is not None:
             self.accepted.add(spec.task_id)  # variants are born pending: active means accepted
 
-    def verdict(self, task: TaskSpec) -> str:
+    def decision(self, task: TaskSpec) -> str:
         """'train', 'hold' (pending variant not decided yet) or 'drop' (variant rejected)."""
         if task.status != "pending" or task.task_id in self.accepted:
             return "train"
-        current = self.latest.get(task.task_id)
+        current = self.pool.tasks.get(task.task_id)
         if current is not None and current.status == "active" and current.version > task.version:
             return "train"
         if current is not None and current.status == "retired":
@@ -103,8 +102,7 @@ class Gatherer:
         self.config = config
         self.tasks = TaskStatuses()
         self.groups: OrderedDict[str, Group] = OrderedDict()  # oldest first
-        self.finished: OrderedDict[str, None] = OrderedDict()
-        self.finished_size = max(dedup_window, 1)
+        self.finished = RecentKeys(max(dedup_window, 1))  # finished request ids, LRU-bounded
         self.read_up_to: dict[tuple[str, int], int] = {}  # next offset after the last record read
         self.duplicates = 0
 
@@ -134,15 +132,15 @@ class Gatherer:
         timeout = self.config.group_timeout_s
         overflow = len(self.groups) - self.config.max_open_groups
         for group in list(self.groups.values()):
-            verdict = self.tasks.verdict(group.task)
+            decision = self.tasks.decision(group.task)
             expired = overflow > 0 or now - group.opened_at >= timeout
-            if verdict == "drop":
+            if decision == "drop":
                 action = "drop:rejected"
-            elif group.complete and verdict == "train":
+            elif group.complete and decision == "train":
                 action = "train"
             elif not expired:
                 continue
-            elif verdict == "hold":
+            elif decision == "hold":
                 action = "drop:undecided"
             else:
                 action = "partial" if len(group.rollouts) >= 2 else "drop:timeout"
@@ -153,10 +151,7 @@ class Gatherer:
 
     def finish(self, request_id: str) -> None:
         self.groups.pop(request_id, None)
-        self.finished[request_id] = None
-        self.finished.move_to_end(request_id)
-        while len(self.finished) > self.finished_size:
-            self.finished.popitem(last=False)
+        self.finished.add(request_id)
 
     def forget_partitions(self, assigned: set[tuple[str, int]]) -> int:
         """Drop groups and read positions of partitions we no longer own; returns groups dropped."""

@@ -4,19 +4,16 @@ Parses config before anything heavy is imported (no torch, no aiokafka at import
 `forgestream --help` is instant. Exit codes: 0 ok, 1 a role failed (cause logged), 2 bad config or
 unreachable broker (one line naming the problem).
 
-More commands: a module listed in COMMAND_MODULES, or any module in the `infra/commands/` folder,
-is imported before the app runs; it registers itself with `from infra.cli import app` and
-`@app.command()` (keep its top-level imports light).
+More commands: each module named in COMMAND_MODULES is imported before the app runs; it registers
+itself with `from infra.cli import app` and `@app.command()` (keep its top-level imports light).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import logging
 import os
-import pkgutil
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -50,7 +47,14 @@ ROLES: dict[str, str] = {
     "evaluator": "consumers.evaluator",
 }
 # modules that add commands to `app` (imported lazily by main(), skipped when absent)
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "infra.commands.up",
+    "infra.commands.prepare",
+    "infra.commands.eval",
+    "infra.commands.replay",
+    "infra.commands.report",
+    "infra.commands.bench",
+)
 
 log = logging.getLogger("forgestream.cli")
 
@@ -270,13 +274,8 @@ def _run_role(module: Any, cfg: RunConfig, create_topics: bool) -> int:
 
 
 def _register_command_modules() -> None:
-    names = list(COMMAND_MODULES)
-    commands_dir = Path(__file__).resolve().parent / "commands"
-    if commands_dir.is_dir():
-        names += [f"infra.commands.{m.name}" for m in pkgutil.iter_modules([str(commands_dir)])]
-    for name in names:
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.bus import RecentKeys
+from infra.taskpool import TaskPool
 from schemas import events as ev
 from schemas import topics as tp
 
@@ -53,7 +54,7 @@ class Series:
 class Progress:
     success_window: int = 128
     versions: dict[str, int] = field(default_factory=dict)
-    tasks: dict[str, ev.TaskSpec] = field(default_factory=dict)
+    tasks: TaskPool = field(default_factory=TaskPool)
     trajectories: int = 0  # distinct judged trajectories
     judged_keys: RecentKeys = field(default_factory=lambda: RecentKeys(100_000))  # redelivery window
     outcomes: collections.deque[int] = field(default_factory=collections.deque)
@@ -85,7 +86,7 @@ class Progress:
             self.versions[value.model] = max(self.versions.get(value.model, 0), value.version)
             self.series[f"{value.model}_version"].add(timestamp, self.versions[value.model])
         elif topic == tp.TASKS:
-            self.tasks[value.task_id] = value
+            self.tasks.update(value)  # a late, older version never overwrites a newer one
             self.series["tasks_active"].add(timestamp, self.count_status("active"))
             self.series["tasks_pending"].add(timestamp, self.count_status("pending"))
             self.difficulty_snapshots.append((timestamp, self.difficulty_spread()))
@@ -151,11 +152,11 @@ class Progress:
 
     # --- views ---
     def count_status(self, status: str) -> int:
-        return sum(1 for t in self.tasks.values() if t.status == status)
+        return self.tasks.count(status)
 
     def difficulty_spread(self) -> dict[int, int]:
         spread: dict[int, int] = collections.Counter()
-        for task in self.tasks.values():
+        for task in self.tasks.tasks.values():
             if task.status == "active":
                 spread[task.difficulty] += 1
         return dict(sorted(spread.items()))

@@ -17,13 +17,20 @@ LIVE = ("active", "pending")
 class TaskPool:
     tasks: dict[str, TaskSpec] = field(default_factory=dict)
 
-    def update(self, task: TaskSpec) -> None:
+    def update(self, task: TaskSpec) -> bool:
+        """Keep `task` unless a newer version is known; False for an older version or a replay of the
+        one we have (nothing changed)."""
         current = self.tasks.get(task.task_id)
-        if current is None or task.version >= current.version:
-            self.tasks[task.task_id] = task
+        if current is not None and (current.version > task.version or current == task):
+            return False
+        self.tasks[task.task_id] = task
+        return True
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+    def count(self, status: str) -> int:
+        return sum(1 for t in self.tasks.values() if t.status == status)
 
     def schedulable(self) -> list[TaskSpec]:
         """Active tasks and pending variants: both are rolled out."""

@@ -19,7 +19,6 @@ from algorithm import (
     cure_test_raw,
     cure_test_rewards,
     direction,
-    drop_zero_advantage,
     filter_stale,
     group_accuracy,
     high_risk_steps,
@@ -248,11 +247,6 @@ def test_filter_stale() -> None:
     assert filter_stale([], 5, 1) == ([], 0)
     with pytest.raises(ValueError):
         filter_stale([1], 1, -1)
-
-
-def test_drop_zero_advantage() -> None:
-    assert drop_zero_advantage([0.0, 1.2, -0.5, 1e-12, 0.0]) == [(1, 1.2), (2, -0.5)]
-    assert drop_zero_advantage([]) == []
 
 
 # --- policy loss ---

@@ -171,19 +171,19 @@ def test_watermark_waits_for_every_open_group_and_timeouts_flush() -> None:
     assert gatherer.forget_partitions(set()) == 0 and gatherer.watermark() == {}
 
 
-def test_pending_variant_verdicts() -> None:
+def test_pending_variant_decisions() -> None:
     statuses = signals.TaskStatuses()
     variant = TaskSpec(
         task_id="v", domain="arith", difficulty=1, params={}, seed=1, status="pending", parent_id="p"
     )
-    assert statuses.verdict(variant) == "hold"
+    assert statuses.decision(variant) == "hold"
     statuses.update(variant)
-    assert statuses.verdict(variant) == "hold"
+    assert statuses.decision(variant) == "hold"
     statuses.update(TaskSpec(**{**_fields(variant), "status": "active", "version": 1}))
     statuses.update(TaskSpec(**{**_fields(variant), "status": "retired", "version": 2}))
-    assert statuses.verdict(variant) == "train"  # accepted once, later replaced: its rollouts still train
+    assert statuses.decision(variant) == "train"  # accepted once, later replaced: its rollouts still train
     statuses.update(TaskSpec(**{**_fields(variant), "task_id": "w", "status": "retired", "version": 1}))
-    assert statuses.verdict(TaskSpec(**{**_fields(variant), "task_id": "w"})) == "drop"
+    assert statuses.decision(TaskSpec(**{**_fields(variant), "task_id": "w"})) == "drop"
 
 
 def _fields(spec: TaskSpec) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -193,7 +192,3 @@ class HFBackend:
             finish_reason=finish,
             version=version,
         )
-
-
-def count_parameters(model: Any) -> int:
-    return sum(p.numel() for p in model.parameters())
