@@ -312,6 +312,19 @@ class Broker:
             "AWS_ALLOW_HTTP": "true",
         }
 
+    def alive(self) -> bool:
+        """Whether every process of the broker (tansu, and s3rver when durable) still runs."""
+        children = [self._tansu] + ([self._s3] if self.durable else [])
+        return all(c is not None and c.alive() for c in children)
+
+    def restart(self) -> Broker:
+        """Stop what is left and start again on the same port and data (a durable broker keeps its
+        topics and group offsets, so clients reconnect and resume). Call from the main thread."""
+        for child in (self._tansu, self._s3):
+            if child is not None:
+                child.stop(self.grace_s)
+        return self.start()
+
     def wait(self) -> int:
         """Block until the broker process exits (foreground `forgestream broker`); returns its code."""
         if self._tansu is None:

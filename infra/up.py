@@ -47,12 +47,38 @@ class RoleProcess:
     index: int
     log_path: Path
     process: Process | None = None
-    restarts: int = 0
+    restarts: int = 0  # since the last healthy period
     started_at: float = 0.0
+    restart_at: float | None = None  # exited with an error: when to start it again
 
     @property
     def name(self) -> str:
         return self.role if self.index == 0 else f"{self.role}-{self.index}"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a role that exited with an error starts again. A role that ran `healthy_s` before failing
+    starts a fresh budget (a run of days survives occasional faults); exits while the broker is down
+    are the outage's, not the role's, and spend nothing (the run pauses and resumes); otherwise
+    backoff doubles from `first_backoff_s` up to `max_backoff_s`, and `max_restarts` failures in a
+    row end the run (a crash loop)."""
+
+    max_restarts: int = 3
+    healthy_s: float = 120.0
+    first_backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    def next_start(self, rp: RoleProcess, now: float, broker_up: bool) -> float | None:
+        """When to start `rp` again (None: give up); updates its restart count."""
+        if now - rp.started_at >= self.healthy_s:
+            rp.restarts = 0
+        if not broker_up:
+            return now + self.first_backoff_s
+        if rp.restarts >= self.max_restarts:
+            return None
+        rp.restarts += 1
+        return now + min(self.max_backoff_s, self.first_backoff_s * 2 ** (rp.restarts - 1))
 
 
 @dataclass
@@ -65,7 +91,7 @@ class UpOptions:
     actors: int
     live: bool
     judges: int = 1
-    max_restarts: int = 3
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
     grace_s: float = 20.0
     env: dict[str, str] = field(default_factory=dict)  # config overrides handed to every role
     without: frozenset[str] = frozenset()  # roles not started (e.g. a frozen reward model, a static env)
@@ -87,6 +113,39 @@ async def _spawn(rp: RoleProcess, env: dict[str, str]) -> None:
     log.close()
     if NICENESS.get(rp.role):
         os.setpriority(os.PRIO_PROCESS, rp.process.pid, NICENESS[rp.role])
+
+
+async def _supervise(
+    procs: list[RoleProcess],
+    policy: RestartPolicy,
+    env: dict[str, str],
+    *,
+    broker_bootstrap: str,
+    console: Any,
+) -> bool:
+    """Restart roles that exited with an error, per `policy`; False when one is in a crash loop."""
+    from infra.broker import BrokerError, wait_reachable
+
+    now = time.time()
+    for rp in procs:
+        if rp.process is None or rp.process.returncode in (None, 0):
+            continue
+        if rp.restart_at is None:
+            try:
+                wait_reachable(broker_bootstrap, timeout_s=0.5)
+                broker_up = True
+            except BrokerError:
+                broker_up = False
+            rp.restart_at = policy.next_start(rp, now, broker_up)
+            if rp.restart_at is None:
+                console.print(f"role {rp.name} keeps failing ({rp.restarts} restarts); see {rp.log_path}")
+                return False
+            why = "" if broker_up else " (broker unreachable: waiting for it)"
+            console.print(f"role {rp.name} exited with {rp.process.returncode}{why}; see {rp.log_path}")
+        if now >= rp.restart_at:
+            rp.restart_at = None
+            await _spawn(rp, env)
+    return True
 
 
 async def _stop(procs: list[RoleProcess], grace_s: float) -> None:
@@ -149,7 +208,7 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from infra.broker import Broker
+    from infra.broker import Broker, BrokerError
     from infra.bus import Bus
     from infra.progress import PROGRESS_TOPICS, Progress
     from infra.target import record_broker
@@ -281,17 +340,20 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                     if options.updates is not None and start_version is not None:
                         if progress.versions.get("policy", 0) - start_version >= options.updates:
                             break
-                    for rp in procs:  # supervise: a crashed role is restarted, a crash loop ends the run
-                        if rp.process is not None and rp.process.returncode not in (None, 0):
-                            console.print(
-                                f"role {rp.name} exited with {rp.process.returncode}; see {rp.log_path}"
-                            )
-                            if rp.restarts >= options.max_restarts:
-                                exit_code = 1
-                                shutdown.set()
-                                break
-                            rp.restarts += 1
-                            await _spawn(rp, env)
+                    if broker is not None and not broker.alive():
+                        if not broker.durable:
+                            console.print("the in-memory broker died: an ephemeral run cannot resume")
+                            exit_code = 1
+                            break
+                        console.print("broker died: restarting it on its data (roles reconnect)")
+                        try:
+                            broker.restart()  # main thread: it dies with us (die_with_parent)
+                        except BrokerError as e:
+                            console.print(f"broker restart failed ({e}); retrying")
+                    if not await _supervise(procs, options.restarts, env, broker_bootstrap=bootstrap,
+                                            console=console):  # fmt: skip
+                        exit_code = 1
+                        break
             finally:
                 if live:
                     live.stop()

@@ -187,6 +187,56 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
     assert (workdir / "report" / "index.html").is_file()
 
 
+def test_restart_policy_backs_off_forgives_healthy_roles_and_waits_out_a_broker_outage() -> None:
+    from infra.up import RestartPolicy, RoleProcess
+
+    policy = RestartPolicy(max_restarts=3, healthy_s=100.0, first_backoff_s=1.0, max_backoff_s=3.0)
+    rp = RoleProcess("judge", 0, Path("judge.log"), started_at=0.0)
+    # a crash loop: backoff 1, 2, 3 (capped) s, then the run ends
+    assert [policy.next_start(rp, 10.0, broker_up=True) for _ in range(3)] == [11.0, 12.0, 13.0]
+    assert policy.next_start(rp, 10.0, broker_up=True) is None
+    # failures while the broker is down are the outage's: no budget spent, retried every first_backoff_s
+    rp = RoleProcess("actor", 0, Path("actor.log"), started_at=0.0, restarts=3)
+    assert all(policy.next_start(rp, 20.0 + i, broker_up=False) == 21.0 + i for i in range(60))
+    assert rp.restarts == 3
+    # a role that ran healthily for healthy_s starts a fresh budget
+    rp.started_at = 100.0
+    assert policy.next_start(rp, 250.0, broker_up=True) == 251.0 and rp.restarts == 1
+
+
+def test_a_durable_broker_restarts_on_its_port_and_data(tmp_path: Path) -> None:
+    """`up` restarts a dead durable broker on the same port and data: topics and records survive."""
+    from infra.broker import Broker
+
+    async def roundtrip(kafka: KafkaConfig, send: bool) -> list:
+        from infra.topics import create_topics
+
+        await create_topics(kafka)
+        async with Bus(kafka, role="test") as bus:
+            if send:
+                await bus.send(topics.METRICS, _metric(), key="k")
+            return await bus.read_topic(topics.METRICS)
+
+    broker = Broker(durable=True, data_dir=tmp_path / "broker").start()
+    try:
+        kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix="restart.")
+        assert len(run_sync(roundtrip(kafka, True))) == 1
+        port = broker.port
+        broker.kill()
+        assert not broker.alive()
+        broker.restart()
+        assert broker.alive() and broker.port == port
+        assert len(run_sync(roundtrip(kafka, False))) == 1
+    finally:
+        broker.stop()
+
+
+def _metric():
+    from schemas.events import Metric
+
+    return Metric(role="test", name="m", value=1.0, step=0)
+
+
 def test_role_with_unreachable_broker_fails_fast() -> None:
     start = time.monotonic()
     done = subprocess.run(
