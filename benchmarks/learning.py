@@ -38,7 +38,7 @@ ROWS: dict[str, dict] = {
 def cli(*args: str, env: dict[str, str], log: Path) -> None:
     with open(log, "ab") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "infra.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out
+            [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out
         )
     if done.returncode != 0:
         raise RuntimeError(f"forgestream {' '.join(args)} failed ({done.returncode}); see {log}")
@@ -134,7 +134,7 @@ def summarize_run(result: dict, band: int) -> dict:
 def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
     """Per row: mean and spread over seeds of held-out success per band, pooled successes / tasks,
     process accuracy, accepted variants."""
-    from infra.evaluation import wilson
+    from pipeline.evaluation import wilson
 
     table: dict[str, dict] = {}
     for row in dict.fromkeys(r["row"] for r in runs):

@@ -30,7 +30,7 @@ import msgspec
 from envs import get_environment, parse_boxed
 from envs.base import Environment
 from infra.bus import Bus, Record
-from infra.taskpool import TaskPool
+from pipeline.taskpool import TaskPool
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import CriticFeedback, TaskEvent, TaskSpec

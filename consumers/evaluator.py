@@ -7,7 +7,7 @@ Produces: metrics on forge.metrics, step = the evaluated version:
 Runs beside the loop, never in it: it loads its own copies of the weights, and when it falls behind
 it skips to the newest version (at least `evaluator.every_versions` after the last one evaluated),
 so it never slows an actor, a judge or a learner except by sharing the CPU.
-Held-out tasks come from `envs.seeds.heldout_rng` (infra/evaluation.py), never from training seeds.
+Held-out tasks come from `envs.seeds.heldout_rng` (pipeline/evaluation.py), never from training seeds.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import anyio
 
 from envs import get_environment
 from infra.bus import Bus
-from infra.evaluation import PlayedStep, evaluate_policy, play_heldout, process_accuracy
 from infra.models import load_backend
 from infra.weights import WeightStore, WeightsWatcher
+from pipeline.evaluation import PlayedStep, evaluate_policy, play_heldout, process_accuracy
 from schemas.config import RunConfig
 
 log = logging.getLogger("forgestream.evaluator")

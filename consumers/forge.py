@@ -35,7 +35,7 @@ from faust.streams import current_event
 
 import algorithm
 from infra.bus import Bus
-from infra.taskpool import TaskPool
+from pipeline.taskpool import TaskPool
 from schemas import codec
 from schemas.config import ForgeConfig, KafkaConfig, RunConfig
 from schemas.events import CriticFeedback, DeadLetter, JudgedTrajectory, TaskEvent, TaskSpec

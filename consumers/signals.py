@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import anyio
 
 from infra.bus import Bus, RecentKeys, Record
-from infra.samples import build_samples
-from infra.taskpool import TaskPool
+from pipeline.samples import build_samples
+from pipeline.taskpool import TaskPool
 from schemas.config import RunConfig, SignalsConfig
 from schemas.events import (
     JudgedTrajectory,

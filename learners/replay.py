@@ -3,7 +3,7 @@
 Consumes `forge.trajectories.judged` from the beginning with no consumer group (it disturbs no live
 role), keeps records whose *record timestamps* fall in [since, until) (Tansu's offsets_for_times is
 unreliable, so we filter ourselves), gathers whole groups (a request's group_size distinct rollouts;
-redelivered copies count once), and recomputes reward-model samples with `infra.samples.build_samples`
+redelivered copies count once), and recomputes reward-model samples with `pipeline.samples.build_samples`
 under the given λ and accuracy window. With `train=True` it trains a reward-model version from a
 chosen starting point (`preset`, `latest` published version, `vN`, or an HF folder) with the same
 decoupled-PPO loss as the live reward learner, writes it to `out` as a plain Hugging Face folder
@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from infra.bus import Bus
-from infra.samples import build_samples
+from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import JudgedTrajectory, RewardSample

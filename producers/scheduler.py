@@ -34,7 +34,7 @@ from envs import get_environment
 from envs.base import Environment
 from envs.seeds import training_rng
 from infra.bus import Bus, RecentKeys
-from infra.taskpool import TaskPool
+from pipeline.taskpool import TaskPool
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, WeightsPublished

@@ -67,7 +67,7 @@ def test_second_actor_gets_partitions_and_throughput_rises(kafka_config: KafkaCo
 
     run_sync(publish())
     argv = [
-        sys.executable, "-m", "infra.cli", "run", "actor", "--bootstrap", kafka_config.bootstrap,
+        sys.executable, "-m", "app.cli", "run", "actor", "--bootstrap", kafka_config.bootstrap,
         "--topic-prefix", kafka_config.topic_prefix, "--workdir", str(tmp_path / "run"), "--config", str(config),
     ]  # fmt: skip
     procs: list[subprocess.Popen] = []

@@ -22,7 +22,7 @@ from schemas import topics as T
 from schemas.config import KafkaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "infra.cli"]
+CLI = [sys.executable, "-m", "app.cli"]
 
 
 def gone(pid: int) -> bool:
@@ -121,7 +121,7 @@ def test_a_role_started_by_up_stops_when_up_is_killed() -> None:
 def test_one_up_per_workdir_and_the_config_file_names_it(tmp_path: Path) -> None:
     """A second `up` on a held run folder fails at once, naming the folder and the holder; the folder is
     the config file's `workdir` when --workdir is not given; a killed holder leaves no stale lock."""
-    from infra.target import WorkdirInUse, hold_workdir, workdir_held
+    from app.run_folder import WorkdirInUse, hold_workdir, workdir_held
 
     workdir = tmp_path / "run"
     config = tmp_path / "run.toml"
@@ -139,7 +139,7 @@ def test_one_up_per_workdir_and_the_config_file_names_it(tmp_path: Path) -> None
         assert not (workdir / "broker.json").exists()
     assert not workdir_held(workdir)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from infra.target import hold_workdir\n"
+        [sys.executable, "-c", "import sys; from pathlib import Path; from app.run_folder import hold_workdir\n"
          "with hold_workdir(Path(sys.argv[1])): print('held', flush=True); input()", str(workdir)],
         cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -237,7 +237,7 @@ def test_cli_topics_and_fail_fast(broker: Any) -> None:
 
 
 def test_cli_help_is_fast_and_does_not_import_torch() -> None:
-    code = "import sys; sys.argv=['forgestream','--help']; import infra.cli as c\ntry: c.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules, 'aiokafka' in sys.modules)"
+    code = "import sys; sys.argv=['forgestream','--help']; import app.cli as c\ntry: c.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules, 'aiokafka' in sys.modules)"
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "False False"

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from app.up import NICENESS
 from infra.bus import Bus
-from infra.up import NICENESS
 from schemas import topics
 from schemas.config import KafkaConfig
 from tests.conftest import run_sync
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "infra.cli"]
+CLI = [sys.executable, "-m", "app.cli"]
 
 # Small but complete: every role, default tiny presets, the paper's m=3 verdicts, groups of 4 on 8 seed tasks.
 E2E_CONFIG = """
@@ -188,7 +188,7 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
 
 
 def test_restart_policy_backs_off_forgives_healthy_roles_and_waits_out_a_broker_outage() -> None:
-    from infra.up import RestartPolicy, RoleProcess
+    from app.up import RestartPolicy, RoleProcess
 
     policy = RestartPolicy(max_restarts=3, healthy_s=100.0, first_backoff_s=1.0, max_backoff_s=3.0)
     rp = RoleProcess("judge", 0, Path("judge.log"), started_at=0.0)
@@ -275,7 +275,7 @@ def test_help_is_instant_and_lists_every_command() -> None:
         assert command in done.stdout
     assert time.monotonic() - start < 15
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, infra.cli; infra.cli._register_command_modules(); print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, app.cli; app.cli._register_command_modules(); print('torch' in sys.modules)"],
         cwd=ROOT, env=env_for_tests(), capture_output=True, text=True,
     )  # fmt: skip
     assert probe.stdout.strip() == "False", "importing the CLI must not import torch"

@@ -15,7 +15,7 @@ from consumers import env_model
 from consumers.env_model import candidates, choose, solvable
 from envs import get_environment
 from infra.bus import Bus
-from infra.taskpool import TaskPool
+from pipeline.taskpool import TaskPool
 from schemas import topics
 from schemas.config import EnvModelConfig, ModelConfig, RunConfig
 from schemas.events import TaskEvent, TaskSpec

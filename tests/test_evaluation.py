@@ -9,8 +9,15 @@ import pytest
 
 from envs import get_environment
 from envs.seeds import HELDOUT_BASE, LEVEL_STRIDE, heldout_rng, heldout_seed, is_heldout, training_seed
-from infra.evaluation import PlayedEpisode, PlayedStep, majority, process_accuracy, summarize_policy, wilson
 from infra.models.types import Completion
+from pipeline.evaluation import (
+    PlayedEpisode,
+    PlayedStep,
+    majority,
+    process_accuracy,
+    summarize_policy,
+    wilson,
+)
 
 approx = pytest.approx
 

@@ -211,7 +211,7 @@ def test_smollm2_preset_converts_gguf_once_to_safetensors(tmp_path):
 def test_default_tiny_policy_answers_in_format_and_fails_for_planning_on_its_band():
     """The default preset on held-out tasks of the default training band: success in [0.2, 0.6]
     (something to learn) and few invalid answers (failures are planning failures, not format)."""
-    from infra.evaluation import play_heldout, summarize_policy
+    from pipeline.evaluation import play_heldout, summarize_policy
     from schemas.config import RunConfig
 
     run = RunConfig()
@@ -234,7 +234,7 @@ def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
         "[policy_model]\nbootstrap_sft_seconds = 0.6\n[reward_model]\nbootstrap_sft_seconds = 0.6\n"
     )
     env = {**os.environ, "FORGESTREAM_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "infra.cli", "prepare", "--config", str(config)]
+    argv = [sys.executable, "-m", "app.cli", "prepare", "--config", str(config)]
     first = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     folders = dict(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from infra.progress import Progress
-from infra.report import write_report
+from app.progress import Progress
+from app.report import write_report
 from schemas import events as ev
 from schemas import topics as tp
 
@@ -145,7 +145,7 @@ def test_report_writes_every_plot_and_a_page(tmp_path):
 def test_progress_memory_stays_flat_over_ten_times_its_bounds() -> None:
     """`up` folds every event of a run of days: series keep their whole time range at a coarser step,
     the redelivery window is bounded, staleness is a histogram, and the figures stay exact."""
-    from infra.progress import MAX_POINTS
+    from app.progress import MAX_POINTS
 
     p = Progress()
     p.judged_keys = type(p.judged_keys)(1000)

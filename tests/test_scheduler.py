@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from infra.bus import Bus
-from infra.taskpool import TaskPool
+from pipeline.taskpool import TaskPool
 from producers import scheduler
 from producers.scheduler import Flight, pick_tasks
 from schemas import topics

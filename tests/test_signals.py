@@ -13,7 +13,7 @@ from aiokafka.partitioner import murmur2
 
 from consumers import archive, signals
 from infra.bus import Bus, Record
-from infra.samples import build_samples
+from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig, SignalsConfig
 from schemas.events import (

@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from app.status import collect_status, render, true_end_offsets
 from infra.bus import Bus, Record, consumer_options
-from infra.status import collect_status, render, true_end_offsets
 from schemas import events as ev
 from schemas import topics as T
 from schemas.config import KafkaConfig
@@ -67,7 +67,7 @@ async def test_status_counts_lag_and_dead_letters(kafka_config: KafkaConfig) -> 
     async with Bus(kafka_config, role="test") as bus:
         await consume_until_offset(bus, 50)
     out = subprocess.run(
-        [sys.executable, "-m", "infra.cli", "status", "--bootstrap", kafka_config.bootstrap]
+        [sys.executable, "-m", "app.cli", "status", "--bootstrap", kafka_config.bootstrap]
         + ["--topic-prefix", kafka_config.topic_prefix, "--json"],
         cwd=ROOT,
         capture_output=True,

@@ -9,7 +9,7 @@
   oracle's next response". Labels are balanced.
 - `sft`: loss on answer tokens only, batch 32, AdamW lr 2e-3 decaying linearly to 10 %, seeded.
 - `verdict_accuracy`: a reward model's verdicts against the labels of fresh bootstrap examples
-  (held-out policy success and process accuracy live in infra/evaluation.py).
+  (held-out policy success and process accuracy live in pipeline/evaluation.py).
 Every stream is a pure function of its seed.
 """
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infra.cli import ConfigOpt, app, build_config, fail
+from app.cli import ConfigOpt, app, build_config, fail
 
 
 def parse_levels(text: str) -> list[int]:
@@ -88,8 +88,8 @@ def evaluate(
     level_list = parse_levels(levels)
 
     from envs import get_environment
-    from infra.evaluation import evaluate_policy, play_heldout, process_accuracy
     from infra.models.hf_backend import HFBackend
+    from pipeline.evaluation import evaluate_policy, play_heldout, process_accuracy
 
     env = get_environment(cfg.scheduler.domain)
     if level_list[-1] >= env.levels:

@@ -1,4 +1,4 @@
-"""`forgestream up`: the main job on one machine (see infra/up.py)."""
+"""`forgestream up`: the main job on one machine (see app/up.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from infra.cli import BootstrapOpt, ConfigOpt, app, build_config, fail
+from app.cli import BootstrapOpt, ConfigOpt, app, build_config, fail
 
 
 @app.command()
@@ -52,10 +52,10 @@ def up(
 
     import anyio
 
+    from app.cli import require_broker
+    from app.run_folder import WorkdirInUse
+    from app.up import UpOptions, run_up
     from infra.broker import BrokerError
-    from infra.cli import require_broker
-    from infra.target import WorkdirInUse
-    from infra.up import UpOptions, run_up
 
     flags = {
         "workdir": str(workdir) if workdir is not None else None,  # unset: the config file's stands
@@ -65,7 +65,7 @@ def up(
         "reward_model.preset": reward_preset,
     }
     cfg = build_config(config, flags)
-    from infra.cli import ROLES
+    from app.cli import ROLES
 
     skipped = frozenset(without or ())
     optional = {"reward-learner", "env-model", "evaluator"}

@@ -5,7 +5,7 @@ Parses config before anything heavy is imported (no torch, no aiokafka at import
 unreachable broker (one line naming the problem).
 
 More commands: each module named in COMMAND_MODULES is imported before the app runs; it registers
-itself with `from infra.cli import app` and `@app.command()` (keep its top-level imports light).
+itself with `from app.cli import app` and `@app.command()` (keep its top-level imports light).
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ ROLES: dict[str, str] = {
 }
 # modules that add commands to `app` (imported lazily by main(), skipped when absent)
 COMMAND_MODULES: tuple[str, ...] = (
-    "infra.commands.up",
-    "infra.commands.prepare",
-    "infra.commands.eval",
-    "infra.commands.replay",
-    "infra.commands.report",
-    "infra.commands.bench",
+    "app.commands.up",
+    "app.commands.prepare",
+    "app.commands.eval",
+    "app.commands.replay",
+    "app.commands.report",
+    "app.commands.bench",
 )
 
 log = logging.getLogger("forgestream.cli")
@@ -182,8 +182,8 @@ def status(
     """Run figures (versions, success, tasks, variants), topics, groups, lag and dead letters."""
     import anyio
 
-    from infra.status import collect_status, render, render_figures
-    from infra.target import kafka_for, read_progress
+    from app.run_folder import kafka_for, read_progress
+    from app.status import collect_status, render, render_figures
 
     cfg = build_config(config, {"kafka.topic_prefix": topic_prefix})
     if workdir is None:
@@ -284,8 +284,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # `python -m infra.cli` runs this file as __main__, a second copy of the module; command modules
-    # register on `infra.cli.app`, so hand over to the imported one.
-    from infra.cli import main as imported_main
+    # `python -m app.cli` runs this file as __main__, a second copy of the module; command modules
+    # register on `app.cli.app`, so hand over to the imported one.
+    from app.cli import main as imported_main
 
     imported_main()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.progress import Progress
+from app.progress import Progress
 
 
 def _relative_minutes(ts: list[float], t0: float) -> list[float]:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from infra.cli import ConfigOpt, app, build_config
+from app.cli import ConfigOpt, app, build_config
 
 
 @app.command()

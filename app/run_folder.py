@@ -23,7 +23,7 @@ import msgspec
 from schemas.config import KafkaConfig
 
 if TYPE_CHECKING:
-    from infra.progress import Progress
+    from app.progress import Progress
 
 BROKER_FILE = "broker.json"
 LOCK_FILE = "up.lock"
@@ -114,8 +114,8 @@ async def kafka_for(
 
 async def read_progress(kafka: KafkaConfig) -> Progress:  # noqa: F821
     """Fold every record of the progress topics, in timestamp order, into a Progress."""
+    from app.progress import PROGRESS_TOPICS, Progress
     from infra.bus import Bus
-    from infra.progress import PROGRESS_TOPICS, Progress
 
     progress = Progress()
     async with Bus(kafka, role="status") as bus:

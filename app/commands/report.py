@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from infra.cli import BootstrapOpt, ConfigOpt, PrefixOpt, app, build_config, fail
+from app.cli import BootstrapOpt, ConfigOpt, PrefixOpt, app, build_config, fail
 
 
 @app.command()
@@ -23,9 +23,9 @@ def report(
     """Success rate, versions, variants, difficulty spread, verdict agreement, staleness, throughput."""
     import anyio
 
+    from app.report import write_report
+    from app.run_folder import kafka_for, read_progress
     from infra.broker import BrokerError
-    from infra.report import write_report
-    from infra.target import kafka_for, read_progress
 
     cfg = build_config(config, {"kafka.topic_prefix": topic_prefix})
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from infra.cli import app, fail
+from app.cli import app, fail
 
 BENCHMARKS = {
     "bus": "bus_throughput.py",

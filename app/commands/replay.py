@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from infra.cli import BootstrapOpt, ConfigOpt, PrefixOpt, app, build_config, fail
+from app.cli import BootstrapOpt, ConfigOpt, PrefixOpt, app, build_config, fail
 
 
 def _when(text: str | None, default: datetime, flag: str) -> datetime:
@@ -52,8 +52,8 @@ def replay(
     """Read forge.trajectories.judged from the beginning, keep a time range, rebuild RM samples, retrain."""
     import anyio
 
+    from app.run_folder import kafka_for
     from infra.broker import BrokerError
-    from infra.target import kafka_for
 
     flags = {"kafka.topic_prefix": topic_prefix, "signals.lam": lam}
     if workdir is not None:

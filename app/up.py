@@ -98,7 +98,7 @@ class UpOptions:
 
 
 def role_command(role: str) -> list[str]:
-    return [sys.executable, "-m", "infra.cli", "run", role]
+    return [sys.executable, "-m", "app.cli", "run", role]
 
 
 async def _spawn(rp: RoleProcess, env: dict[str, str]) -> None:
@@ -198,7 +198,7 @@ def _render(progress: Any, procs: list[RoleProcess], elapsed: float) -> Any:
 
 async def run_up(config: RunConfig, options: UpOptions) -> int:
     """Run the loop, holding its workdir (a second `up` on it fails at once); returns the exit code."""
-    from infra.target import hold_workdir
+    from app.run_folder import hold_workdir
 
     with hold_workdir(Path(config.workdir).resolve()):
         return await _run_up(config, options)
@@ -208,10 +208,10 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
     from rich.console import Console
     from rich.live import Live
 
+    from app.progress import PROGRESS_TOPICS, Progress
+    from app.run_folder import record_broker
     from infra.broker import Broker, BrokerError
     from infra.bus import Bus
-    from infra.progress import PROGRESS_TOPICS, Progress
-    from infra.target import record_broker
     from infra.topics import create_topics
     from schemas.topics import JUDGED, METRICS
 
@@ -364,7 +364,7 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                 tg.cancel_scope.cancel()
                 board.close()
 
-        from infra.report import write_report
+        from app.report import write_report
 
         index = write_report(progress, workdir / "report", title=f"forgestream run — {workdir.name}")
         snap = progress.snapshot()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.bus import RecentKeys
-from infra.taskpool import TaskPool
+from pipeline.taskpool import TaskPool
 from schemas import events as ev
 from schemas import topics as tp
 

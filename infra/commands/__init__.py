@@ -1,1 +1,0 @@
-"""CLI commands beyond the core ones; each module registers itself on `infra.cli.app`."""
