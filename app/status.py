@@ -1,52 +1,19 @@
 """`forgestream status`: topics, message counts, consumer groups, members, lag, dead letters.
 
-How counts are made right on both Tansu and Kafka: a partition's message count is
-`end - beginning` and a group's lag is `end - committed`, where `end` is the *high watermark of a
-Fetch response*, never ListOffsets(latest): Tansu answers ListOffsets with the first offset of the
-last record batch + 1 (too small whenever the last batch holds more than one record). We ask
-ListOffsets only for a hint `h`: `h == beginning` means empty (true on both brokers), otherwise we
-fetch from offset `h - 1` (inside the last batch on Tansu, the last record on Kafka), which returns
-one batch and the high watermark. Tansu applies no retention, so `beginning` is 0 there.
-Committed offsets are asked for with explicit partitions (Tansu ignores the "all partitions" form).
+A partition's message count is `end - beginning` and a group's lag is `end - committed`, with `end`
+from `infra.bus.true_end_offsets` (right on Tansu and Kafka). Committed offsets are asked for with explicit partitions (Tansu ignores the "all partitions" form).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.bus import consumer_options
+from infra.bus import consumer_options, true_end_offsets
 from infra.topics import admin_client
 from schemas.config import KafkaConfig
 from schemas.topics import DLQ, TopicNames
-
-
-async def true_end_offsets(
-    consumer: AIOKafkaConsumer, tps: list[TopicPartition], timeout_s: float = 10.0
-) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """(beginning, end) per partition, with `end` from fetch high watermarks (see module docstring)."""
-    consumer.assign(tps)
-    begins = await consumer.beginning_offsets(tps)
-    hints = await consumer.end_offsets(tps)
-    ends = {tp: hints[tp] for tp in tps}
-    probe = [tp for tp in tps if hints[tp] > begins[tp]]
-    for tp in probe:
-        consumer.seek(tp, hints[tp] - 1)
-    consumer.pause(*[tp for tp in tps if tp not in probe])
-    deadline = time.monotonic() + timeout_s
-    waiting = set(probe)
-    while waiting and time.monotonic() < deadline:
-        await consumer.getmany(*waiting, timeout_ms=200, max_records=1)
-        for tp in list(waiting):
-            highwater = consumer.highwater(tp)
-            if highwater is not None:
-                ends[tp] = max(highwater, hints[tp])
-                waiting.discard(tp)
-    if waiting:
-        raise TimeoutError(f"no fetch response with a high watermark for {sorted(waiting)}")
-    return begins, ends
 
 
 def _members(group: dict[str, Any]) -> list[dict[str, Any]]:

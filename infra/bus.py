@@ -187,6 +187,39 @@ async def stop_consumer(consumer: AIOKafkaConsumer, via: AIOKafkaProducer | None
                 )
 
 
+async def true_end_offsets(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition], timeout_s: float = 10.0
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """(beginning, end) per partition, right on Tansu and on Kafka; assigns `tps` to the (group-less)
+    consumer and leaves them paused or positioned anywhere: seek before reading.
+
+    `end` is the high watermark of a Fetch response, never ListOffsets(latest): Tansu answers that
+    with the first offset of the last record batch + 1, too small whenever the last batch holds more
+    than one record (measured: 15 records in 3 batches -> 11). ListOffsets gives only a hint `h`:
+    `h == beginning` means empty (true on both brokers); otherwise one fetch from `h - 1` (inside the
+    last batch on Tansu, the last record on Kafka) returns the high watermark."""
+    consumer.assign(tps)
+    begins = await consumer.beginning_offsets(tps)
+    hints = await consumer.end_offsets(tps)
+    ends = {tp: hints[tp] for tp in tps}
+    probe = [tp for tp in tps if hints[tp] > begins[tp]]
+    for tp in probe:
+        consumer.seek(tp, hints[tp] - 1)
+    consumer.pause(*[tp for tp in tps if tp not in probe])
+    deadline = time.monotonic() + timeout_s
+    waiting = set(probe)
+    while waiting and time.monotonic() < deadline:
+        await consumer.getmany(*waiting, timeout_ms=200, max_records=1)
+        for tp in list(waiting):
+            highwater = consumer.highwater(tp)
+            if highwater is not None:
+                ends[tp] = max(highwater, hints[tp])
+                waiting.discard(tp)
+    if waiting:
+        raise TimeoutError(f"no fetch response with a high watermark for {sorted(waiting)}")
+    return begins, ends
+
+
 class RecentKeys:
     """Bounded LRU set of keys (idempotency keys, finished ids): memory stays flat on a long run."""
 
@@ -508,40 +541,32 @@ class Bus:
         Offset order within a partition. Undecodable records are logged and skipped (a group consumer
         dead-letters them). TimeoutError if no progress is made for `stall_timeout_s`.
 
-        Finding "the end": Tansu's ListOffsets(latest) answers the first offset of the last batch + 1,
-        which is too small when the last batch holds several records, but it is 0 only for an empty
-        partition (also true on Kafka: end == beginning). The high watermark in Fetch responses is
-        right on both (measured: 15 records in 3 batches -> end_offsets 11, fetch highwater 15). So:
-        partitions with end_offsets > beginning are read until the consumer position reaches the high
-        watermark of the first fetch response for that partition.
+        The end of each partition is `true_end_offsets` as this call starts.
         """
         physical = self.names.of(topic)
         consumer = self._consumer(None)
         await consumer.start()
         try:
             tps = _assign_all(consumer, physical)
-            begins = await consumer.beginning_offsets(tps)
-            hints = await consumer.end_offsets(tps)
-            targets: dict[TopicPartition, int | None] = {tp: None for tp in tps if hints[tp] > begins[tp]}
-            await consumer.seek_to_beginning(*tps)
+            begins, ends = await true_end_offsets(consumer, tps, timeout_s=stall_timeout_s)
+            targets = {tp: ends[tp] for tp in tps if ends[tp] > begins[tp]}
+            consumer.resume(*tps)
+            for tp in targets:
+                consumer.seek(tp, begins[tp])
             deadline = time.monotonic() + stall_timeout_s
             while targets:
                 batch = await consumer.getmany(*targets, timeout_ms=500, max_records=10_000)
                 if batch:
                     deadline = time.monotonic() + stall_timeout_s
                 for tp, raws in batch.items():
-                    end = targets.get(tp) or consumer.highwater(tp)
                     for raw in raws:
-                        if end is not None and raw.offset >= end:
+                        if raw.offset >= targets.get(tp, 0):
                             break  # written after this call started
                         record = self._decode_or_skip(raw)
                         if record is not None:
                             yield record
                 for tp in list(targets):
-                    if targets[tp] is None:
-                        targets[tp] = consumer.highwater(tp)
-                    end = targets[tp]
-                    if end is not None and await consumer.position(tp) >= end:
+                    if await consumer.position(tp) >= targets[tp]:
                         del targets[tp]
                 if time.monotonic() > deadline:
                     raise TimeoutError(
