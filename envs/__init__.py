@@ -17,6 +17,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "household": ("envs.household", "HouseholdEnv"),
     "arith": ("envs.arith", "ArithEnv"),
     "code": ("envs.code", "CodeEnv"),
+    "textworld": ("envs.textworld", "TextWorldEnv"),
 }
 
 DOMAINS: tuple[str, ...] = tuple(_REGISTRY)

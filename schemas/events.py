@@ -29,7 +29,7 @@ Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Verdict = Literal[1, -1, 0]  # +1 good step, -1 bad step, 0 unparseable judgement
 Outcome = Literal[1, -1]
 Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
-Domain = Literal["household", "arith", "code"]
+Domain = Literal["household", "arith", "code", "textworld"]
 TaskStatus = Literal["active", "pending", "retired"]
 Direction = Literal["harder", "easier"]
 ModelName = Literal["policy", "reward"]
@@ -64,7 +64,7 @@ class TaskSpec(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
-# --- forge.rollout.requests (key task_id): scheduler -> actors ---
+# --- forge.rollout.requests (key request_id): scheduler -> actors ---
 class RolloutRequest(Event, frozen=True, kw_only=True):
     request_id: str  # idempotency key of the whole group
     task: TaskSpec  # embedded so an actor needs no task table

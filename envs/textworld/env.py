@@ -1,0 +1,297 @@
+"""TextWorldEnv: Microsoft TextWorld's cooking games (the engine AlfWorld is built on) behind
+`envs.base.Environment`.
+
+A task is data: `params` holds the engine's knobs (recipe size, ingredients to take, rooms, open /
+cook / cut / drop) and the game seed; any process rebuilds the same game from them (envs/textworld/
+games.py generates it once). Each turn the policy sees the objective, where it is, what it carries,
+what the game said to its last command, and the admissible commands numbered in sorted order (without
+the engine's look / inventory / examine verbs, which only repeat what the prompt shows; the cookbook
+stays); it answers `\\boxed{index}` as in household, so the same presets serve. Outcome +1 iff the
+game is won within `max_steps` turns; lost or out of turns is -1.
+
+The engine's own walkthrough from the current state (`policy_commands`) is the oracle, the expert of
+bootstrap SFT, and the step label: a step is progress when the walkthrough from the new state is
+shorter than from the old one.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from envs.base import Direction, StepResult
+from envs.textworld.games import COOKING_KNOBS, game_file, game_key
+from schemas.events import CriticFeedback, TaskSpec
+
+BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+INSTRUCTION = "Think briefly, then answer with \\boxed{index}."
+INVALID = "Invalid answer: reply with \\boxed{index} of a listed command."
+JUDGE_HISTORY = 8
+MAX_STEPS = 40
+GO_STEPS = (1, 6, 9, 12)  # the engine's room counts
+
+# The difficulty ladder: each rung is the one before with one or two knobs tightened (README: random-valid
+# and bootstrap success per rung).
+LADDER: tuple[dict[str, Any], ...] = tuple(
+    {"recipe": r, "take": t, "go": g, "open": o, "cook": c, "cut": x, "drop": d}
+    for r, t, g, o, c, x, d in (
+        (1, 1, 1, False, False, False, False),
+        (1, 1, 1, True, False, False, False),
+        (1, 1, 6, True, False, False, False),
+        (2, 2, 6, True, False, False, False),
+        (2, 2, 6, True, False, True, False),
+        (2, 2, 6, True, True, True, False),
+        (3, 3, 6, True, True, True, False),
+        (3, 3, 9, True, True, True, False),
+        (3, 3, 12, True, True, True, False),
+        (3, 3, 12, True, True, True, True),
+    )
+)
+
+# Verbs in the critic's failed actions -> the knob that makes that part of the game harder.
+KNOB_FOR_VERB = {
+    "open": "open", "close": "open", "unlock": "open",
+    "cook": "cook", "roast": "cook", "fry": "cook", "grill": "cook", "bake": "cook",
+    "chop": "cut", "slice": "cut", "dice": "cut",
+    "go": "go", "take": "take", "drop": "drop",
+}  # fmt: skip
+
+
+def parse_index(response: str) -> int | None:
+    found = BOXED.findall(response)
+    return int(found[-1]) if found else None
+
+
+def clean(text: str) -> str:
+    """The game's words without its prompt line, status bar or end-of-game banner."""
+    text = re.split(r"\n\s*>", "\n" + text, maxsplit=1)[0]
+    return text.split("*** The End ***", 1)[0].strip()
+
+
+def shown_commands(admissible: list[str]) -> list[str]:
+    keep = [
+        c
+        for c in admissible
+        if not c.startswith(("look", "inventory", "examine ")) or c == "examine cookbook"
+    ]
+    return sorted(set(keep))
+
+
+def knobs_of(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params[k] for k in COOKING_KNOBS}
+
+
+@dataclass(frozen=True)
+class View:
+    """What one state of the game shows, and how far the walkthrough from it still is."""
+
+    description: str
+    inventory: str
+    commands: list[str]
+    walkthrough: list[str]
+    won: bool
+    lost: bool
+
+    @classmethod
+    def of(cls, state: Any) -> View:
+        return cls(clean(state.description or ""), clean(state.inventory or ""),
+                   shown_commands(list(state.admissible_commands or [])),
+                   list(state.policy_commands or []), bool(state.won), bool(state.lost))  # fmt: skip
+
+    def render(self) -> str:
+        return f"{self.description}\n{self.inventory}"
+
+    def numbered(self) -> str:
+        return "\n".join(f"{i}: {c}" for i, c in enumerate(self.commands))
+
+
+class TextWorldEpisode:
+    """One play-through of a TextWorld game (implements `envs.base.Episode`)."""
+
+    def __init__(self, task: TaskSpec) -> None:
+        import textworld
+
+        self.task = task
+        self.max_steps = int(task.params.get("max_steps", MAX_STEPS))
+        infos = textworld.EnvInfos(admissible_commands=True, objective=True, policy_commands=True,
+                                   won=True, lost=True, inventory=True, description=True)  # fmt: skip
+        path = game_file(knobs_of(task.params), task.seed)
+        with warnings.catch_warnings():  # jericho: "not fully supported" = no score display; we read won/lost
+            warnings.simplefilter("ignore")
+            self._game = textworld.start(str(path), request_infos=infos)
+        state = self._game.reset()
+        self.objective = clean(state.objective or "")
+        self.views: list[View] = [View.of(state)]  # the view before each turn (and after the last)
+        self.actions_taken: list[str | None] = []  # command per turn, None for an invalid answer
+        self.feedback: list[str] = []
+
+    @property
+    def view(self) -> View:
+        return self.views[-1]
+
+    def prompt(self) -> str:
+        recent = [a if a is not None else "invalid" for a in self.actions_taken[-2:]]
+        lines = [f"Task: {self.objective}", self.view.render()]
+        if self.feedback:
+            lines.append(f"Game: {self.feedback[-1]}")
+        lines.append(f"Last actions: {'; '.join(recent) if recent else 'none'}.")
+        lines += ["Actions:", self.view.numbered(), INSTRUCTION]
+        return "\n".join(lines)
+
+    def step(self, response: str) -> StepResult:
+        if self.done:
+            raise RuntimeError("step() on a finished episode")
+        index = parse_index(response)
+        commands = self.view.commands
+        if index is None or not 0 <= index < len(commands):
+            self.actions_taken.append(None)
+            self.feedback.append(INVALID)
+            self.views.append(self.view)
+            return StepResult(f"{INVALID}\n{self.view.render()}", self.done, valid_action=False,
+                              info={"action": None})  # fmt: skip
+        command = commands[index]
+        state, _, _ = self._game.step(command)
+        said = clean(state.feedback or "")
+        view = View.of(state)
+        if view.won:
+            said += " Task done."
+        self.actions_taken.append(command)
+        self.feedback.append(said)
+        self.views.append(view)
+        if self.done:
+            self._game.close()
+        return StepResult(
+            f"{said}\n{view.render()}", self.done, info={"action": command, "achieved": view.won}
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.view.won or self.view.lost or len(self.actions_taken) >= self.max_steps
+
+    @property
+    def outcome(self) -> Literal[1, -1]:
+        return 1 if self.view.won else -1
+
+    def judge_context(self, step_index: int) -> str:
+        step_index = min(step_index, len(self.views) - 1)
+        done = [a if a is not None else "invalid" for a in self.actions_taken[:step_index]]
+        first = max(0, len(done) - JUDGE_HISTORY)
+        history = "; ".join(f"{i + 1}. {a}" for i, a in enumerate(done) if i >= first) or "none"
+        view = self.views[step_index]
+        return (f"Task: {self.objective}\nPrevious actions: {history}.\n{view.render()}\n"
+                f"Actions:\n{view.numbered()}")  # fmt: skip
+
+
+class TextWorldEnv:
+    """TextWorld cooking games on a ladder of the engine's knobs (implements Environment)."""
+
+    domain = "textworld"
+    levels = len(LADDER)
+
+    def __init__(self, max_steps: int = MAX_STEPS) -> None:
+        self.max_steps = max_steps
+
+    def _spec(self, knobs: dict[str, Any], difficulty: int, rng: random.Random, origin: str | None = None,
+              **extra: Any) -> TaskSpec:  # fmt: skip
+        seed = rng.getrandbits(31)
+        params = {"kind": "cooking", **knobs_of(knobs), "max_steps": self.max_steps}
+        if origin is not None:
+            params["origin"] = origin  # the knob a variant moved
+        return TaskSpec(task_id=f"textworld-{rng.getrandbits(64):016x}", domain="textworld",
+                        difficulty=difficulty, params=params, seed=seed,
+                        signature=game_key(knobs_of(knobs), seed), **extra)  # fmt: skip
+
+    def sample_task(self, difficulty: int, rng: random.Random) -> TaskSpec:
+        if not 0 <= difficulty < self.levels:
+            raise ValueError(f"difficulty {difficulty} outside 0..{self.levels - 1}")
+        return self._spec(dict(LADDER[difficulty]), difficulty, rng)
+
+    def reset(self, task: TaskSpec) -> TextWorldEpisode:
+        return TextWorldEpisode(task)
+
+    def oracle(self, task: TaskSpec) -> list[str]:
+        """The engine's walkthrough as `\\boxed{index}` answers, one per turn."""
+        episode = self.reset(task)
+        answers = []
+        while not episode.done:
+            answer = self.expert_response(episode)
+            if answer is None:
+                raise ValueError(f"task {task.task_id}: the walkthrough leaves the listed commands")
+            answers.append(answer)
+            episode.step(answer)
+        if episode.outcome != 1:
+            raise ValueError(
+                f"task {task.task_id}: the walkthrough does not win within {episode.max_steps} turns"
+            )
+        return answers
+
+    def expert_response(self, episode: TextWorldEpisode) -> str | None:
+        """The walkthrough's next command from the current state, as an answer (None if done or it is
+        not among the listed commands)."""
+        view = episode.view
+        if episode.done or not view.walkthrough or view.walkthrough[0] not in view.commands:
+            return None
+        return f"\\boxed{{{view.commands.index(view.walkthrough[0])}}}"
+
+    def signature(self, task: TaskSpec) -> str:
+        return game_key(knobs_of(task.params), task.seed)
+
+    def step_is_progress(self, task: TaskSpec, history: list[str], response: str) -> bool:
+        """True iff `response` after `history` wins, or shortens the walkthrough to a win."""
+        episode = self.reset(task)
+        for past in history:
+            if episode.done:
+                return False
+            episode.step(past)
+        if episode.done:
+            return False
+        before = len(episode.view.walkthrough)
+        result = episode.step(response)
+        if not result.valid_action:
+            return False
+        return episode.view.won or len(episode.view.walkthrough) < before
+
+    def propose_variant(
+        self, task: TaskSpec, direction: Direction, critic: CriticFeedback, rng: random.Random
+    ) -> TaskSpec | None:
+        """The same kind of game with one knob moved one notch in `direction` (a new seed). Easier
+        variants first relax the knob behind the critic's failed actions (a failed `open` -> no
+        closed containers); harder ones tighten a random knob."""
+        knobs = knobs_of(task.params)
+        moves = _moves(knobs, direction)
+        if not moves:
+            return None
+        rng.shuffle(moves)
+        if direction == "easier":
+            named = [KNOB_FOR_VERB[w] for text in critic.failed_actions for w in re.findall(r"[a-z]+", text.lower())
+                     if w in KNOB_FOR_VERB]  # fmt: skip
+            moves.sort(key=lambda m: named.index(m[0]) if m[0] in named else len(named))
+        knob, moved = moves[0]
+        step = 1 if direction == "harder" else -1
+        return self._spec(moved, min(max(task.difficulty + step, 0), self.levels - 1), rng, origin=knob,
+                          status="pending", parent_id=task.task_id, direction=direction,
+                          generation=task.generation + 1)  # fmt: skip
+
+
+def _moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[str, Any]]]:
+    """(knob, knobs with that knob one notch harder / easier), for every knob that can move."""
+    out = []
+    up = direction == "harder"
+    for knob in ("open", "cook", "cut", "drop"):
+        if knobs[knob] != up:
+            out.append((knob, {**knobs, knob: up}))
+    if up and knobs["recipe"] < 3:
+        out.append(("recipe", {**knobs, "recipe": knobs["recipe"] + 1}))
+    if not up and knobs["recipe"] > max(1, knobs["take"]):
+        out.append(("recipe", {**knobs, "recipe": knobs["recipe"] - 1}))
+    if up and knobs["take"] < knobs["recipe"]:
+        out.append(("take", {**knobs, "take": knobs["take"] + 1}))
+    if not up and knobs["take"] > 0:
+        out.append(("take", {**knobs, "take": knobs["take"] - 1}))
+    i = GO_STEPS.index(knobs["go"])
+    if 0 <= i + (1 if up else -1) < len(GO_STEPS):
+        out.append(("go", {**knobs, "go": GO_STEPS[i + (1 if up else -1)]}))
+    return out
