@@ -3,8 +3,9 @@
 Consumes: `forge.tasks` (the task pool: last value per task_id, active + pending),
           `forge.trajectories.judged` (finished groups), `forge.weights` (latest policy version),
           `forge.rollout.requests` once at start (what an earlier incarnation already asked for).
-Produces: `forge.rollout.requests` (RolloutRequest of n = rollouts_per_task, key task_id),
-          `forge.tasks` (seed tasks, only when the pool is empty), metrics `scheduler/*`.
+Produces: `forge.rollout.requests` (RolloutRequest of n = rollouts_per_task, key request_id),
+          `forge.tasks` (seed tasks, only when the pool is empty), metrics `scheduler/*`
+          (`scheduler/gate`: the capacity whenever its inputs change, labelled running / accepted).
 Invariant: requests in flight never exceed `algorithm.capacity` (AReaL's gate): running = requests
 sent whose group has not been fully judged yet, accepted = judged groups that yield policy samples
 (`algorithm.group_signals` on the group's outcomes and verdicts, as the signals stage computes them:
@@ -225,6 +226,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def emit() -> None:
             nonlocal sequence
+            last_gate: tuple[int, int, int, int] | None = None
             while not shutdown.is_set():
                 flight.expire(time.monotonic())
                 room = capacity(
@@ -235,13 +237,11 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     cfg.batch_size,
                     cfg.eta,
                 )
-                log.debug(
-                    "capacity %d running %d accepted %d version %d",
-                    room,
-                    flight.running,
-                    flight.accepted,
-                    version,
-                )
+                gate = (room, flight.running, flight.accepted, version)
+                if gate != last_gate:  # every decision the gate changes, observable (and a test marker)
+                    last_gate = gate
+                    await bus.metric("scheduler/gate", float(room), step=version,
+                                     running=str(flight.running), accepted=str(flight.accepted))  # fmt: skip
                 picked = pick_tasks(pool.schedulable(), room, scheduled, rng)
                 for task in picked:
                     request = RolloutRequest(

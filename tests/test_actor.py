@@ -112,7 +112,11 @@ async def test_actor_turns_requests_into_trajectories_and_picks_up_new_policy(
         await bus.send(topics.ROLLOUT_REQUESTS, second, key=task.task_id)
         got = await wait_records(bus, topics.TRAJECTORIES, lambda v: len(of("req-b")(v)) >= 2)
         check_trajectories(of("req-b")(got), n=2, version=1, max_steps=3)
-        await anyio.sleep(0.5)
+        # req-b came after the redelivered req-a on the same key (partition): it is the marker that the
+        # redelivery was handled, and the episodes counter says how many rollouts were played
+        metrics = await wait_records(
+            bus, topics.METRICS, lambda v: sum(m.value for m in v if m.name == "actor/trajectories") >= 5
+        )
         assert len(of("req-a")(await wait_records(bus, topics.TRAJECTORIES, lambda v: True))) == 3
         metrics = await wait_records(
             bus, topics.METRICS, lambda v: any(m.name == "actor/episodes_per_s" for m in v)

@@ -32,7 +32,7 @@ def model_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPat
         monkeypatch.setenv("FORGESTREAM_HOME", str(tmp_path_factory.getbasetemp() / "forgestream-home"))
 
 
-def oracle_trajectory(seed: int, request_id: str, index: int = 0) -> Trajectory:
+def oracle_trajectory(seed: int, request_id: str, index: int = 0, group_size: int = 2) -> Trajectory:
     """A trajectory that follows the oracle (token ids are placeholders: the judge does not read them)."""
     task = ENV.sample_task(0, random.Random(seed))
     episode = ENV.reset(task)
@@ -55,7 +55,7 @@ def oracle_trajectory(seed: int, request_id: str, index: int = 0) -> Trajectory:
     return Trajectory(
         request_id=request_id,
         rollout_index=index,
-        group_size=2,
+        group_size=group_size,
         task=task,
         steps=steps,
         outcome=episode.outcome,
@@ -133,16 +133,18 @@ async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, model_home: No
         reward_model=REWARD,
         judge=JudgeConfig(m=m, temperature=REWARD.temperature, max_new_tokens=16),
     )
-    trajectories = [oracle_trajectory(11, "req-j", 0), oracle_trajectory(11, "req-j", 1)]
+    trajectories = [oracle_trajectory(11, "req-j", i, group_size=3) for i in range(2)]
+    marker = oracle_trajectory(
+        11, "req-j", 2, group_size=3
+    )  # same key, so the same partition, after the redelivery
     shutdown = anyio.Event()
     async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
-        for t in [*trajectories, trajectories[0]]:  # the last one is a redelivery: deduplicated
+        for t in [*trajectories, trajectories[0], marker]:  # the third one is a redelivery: deduplicated
             await bus.send(topics.TRAJECTORIES, t, key=t.request_id)
         tg.start_soon(functools.partial(judge.run, config, shutdown=shutdown))
-        got: list[JudgedTrajectory] = await wait_records(bus, topics.JUDGED, lambda v: len(v) >= 2)
-        await anyio.sleep(1.0)
-        got = [r.value for r in await bus.read_topic(topics.JUDGED)]
-        assert sorted(j.key for j in got) == ["req-j/0", "req-j/1"]
+        await wait_records(bus, topics.JUDGED, lambda v: any(j.key == "req-j/2" for j in v))
+        got: list[JudgedTrajectory] = [r.value for r in await bus.read_topic(topics.JUDGED)]
+        assert sorted(j.key for j in got) == ["req-j/0", "req-j/1", "req-j/2"]
         for judged in got:
             assert judged.reward_version == 0 and judged.judge_id
             assert [s.step_index for s in judged.steps] == [s.index for s in judged.trajectory.steps]

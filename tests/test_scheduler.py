@@ -150,9 +150,19 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         assert len(seeded) == 3 and len({t.signature for t in seeded}) == 3
         assert all(t.status == "active" and t.difficulty == 0 for t in seeded)
 
-        # version 0, nothing judged: capacity 1 -> exactly one request, and it stays one.
+        async def gate(room: int, running: int, accepted: int, version: int, times: int = 1) -> None:
+            """Wait until the scheduler has decided this capacity (a positive marker: it saw the events)."""
+
+            def seen(values: list) -> bool:
+                hits = [m for m in values if m.name == "scheduler/gate" and m.value == room and m.step == version
+                        and m.labels == {"running": str(running), "accepted": str(accepted)}]  # fmt: skip
+                return len(hits) >= times
+
+            await wait_records(bus, topics.METRICS, seen)
+
+        # version 0, nothing judged: capacity 1 -> exactly one request, then the gate closes.
         first = await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 1)
-        await anyio.sleep(1.0)  # ten scheduler polls
+        await gate(0, running=1, accepted=0, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
         request = first[0]
         assert request.n == 2 and request.task.task_id in {t.task_id for t in seeded}
@@ -161,14 +171,14 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         # -> capacity (0 + 1) - 1 = 0, still one request.
         await bus.send(topics.JUDGED, judged(request, 0, 1, 1), key=request.request_id)
         await bus.send(topics.JUDGED, judged(request, 1, -1, -1), key=request.request_id)
-        await anyio.sleep(1.0)
+        await gate(0, running=0, accepted=1, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
 
         # policy v1: capacity (1 + 1) - 1 = 1 -> exactly one more request, for another task.
         weights = WeightsPublished(model="policy", version=1, uri="mem://v1", sha256="0" * 64, bytes=1)
         await bus.send(topics.WEIGHTS, weights, key="policy")
         both = await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 2)
-        await anyio.sleep(1.0)
+        await gate(0, running=1, accepted=1, version=1)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 2
         (second,) = [r for r in both if r.request_id != request.request_id]  # records come per partition
         assert second.task.task_id != request.task.task_id  # least-scheduled task first
@@ -178,7 +188,7 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         for index in range(2):
             await bus.send(topics.JUDGED, judged(second, index, -1, 0), key=second.request_id)
         await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 3)
-        await anyio.sleep(1.0)
+        await gate(0, running=1, accepted=1, version=1, times=2)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3
         shutdown.set()
 
