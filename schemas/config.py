@@ -70,7 +70,9 @@ class KafkaConfig(Config, frozen=True, kw_only=True):
 class ModelConfig(Config, frozen=True, kw_only=True):
     preset: str = "tiny"
     """`tiny`, `smollm2-135m`, or `hf:/path/to/local/model`."""
-    backend: Literal["transformers", "vllm"] = "transformers"
+    backend: Literal["transformers", "vllm", "stub"] = "transformers"
+    """`stub`: benchmarks only, a random valid answer after `stub_step_s` of wall time and no CPU."""
+    stub_step_s: NonNegFloat = 0.2
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: NonNegInt = 0

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "generation": "generation.py",
     "fanout": "weight_fanout.py",
     "learner": "learner_throughput.py",
+    "actor_scaling": "actor_scaling.py",
     "learning": "learning.py",
     "textworld": "textworld_ladder.py",
 }

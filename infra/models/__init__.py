@@ -39,6 +39,11 @@ def load_backend(model: ModelConfig, *, role: Role, workdir: Path) -> Generation
     """A generation backend serving a fresh copy of the preset's weights, version 0."""
     _threads(model)
     folder = prepare_preset(model, role=role, workdir=Path(workdir))
+    if model.backend == "stub":
+        from infra.models.stub_backend import StubBackend
+        from infra.models.tokenizer import load_tokenizer
+
+        return StubBackend(load_tokenizer(folder), step_s=model.stub_step_s, seed=model.seed)
     if model.backend == "vllm":
         from infra.models.vllm_backend import VLLMBackend
 
