@@ -67,6 +67,8 @@ class Progress:
     # whole-version floors, and the running sum for the mean
     staleness: collections.Counter[int] = field(default_factory=collections.Counter)
     staleness_sum: float = 0.0
+    # policy samples by staleness (learner version - sample version), as the learner kept them
+    staleness_samples: collections.Counter[int] = field(default_factory=collections.Counter)
     verdict_agree: int = 0
     verdict_total: int = 0
     metrics_last: dict[str, float] = field(default_factory=dict)
@@ -142,6 +144,8 @@ class Progress:
         if metric.name.endswith("staleness"):
             self.staleness[math.floor(metric.value)] += 1
             self.staleness_sum += metric.value
+        if metric.name == "learner/policy/staleness_samples":
+            self.staleness_samples[int(metric.labels.get("versions", "0"))] += int(metric.value)
         for model in ("policy", "reward"):
             if metric.name == f"learner/{model}/samples_trained":
                 # Cumulative counter per learner process; a restarted learner resumes its count.
@@ -196,6 +200,7 @@ class Progress:
             "verdict_agreement": round(self.verdict_agree / self.verdict_total, 4)
             if self.verdict_total
             else 0.0,
+            "staleness_samples": {str(k): v for k, v in sorted(self.staleness_samples.items())},
             "dlq": self.dlq,
             # newest held-out evaluation per level, newest process accuracy: {"v": version, "value": x}
             "heldout_success": {lv: _newest(by_v) for lv, by_v in sorted(self.heldout.items())},

@@ -20,6 +20,7 @@ tests/test_deepspeed.py exercises, but the role does not yet shard its Kafka inp
 
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import time
@@ -414,6 +415,9 @@ async def run_learner(config: RunConfig, spec: LearnerSpec, *, shutdown: anyio.E
                     if staleness:
                         v = learner.state.version
                         await bus.metric("staleness", sum(staleness) / len(staleness), step=v, model=name)
+                        for lag, count in sorted(collections.Counter(staleness).items()):  # the distribution
+                            await bus.metric(f"learner/{name}/staleness_samples", float(count), step=v,
+                                             versions=str(lag))  # fmt: skip
                     if not learner.pending:
                         break
                     for outcome in await anyio.to_thread.run_sync(learner.train_batch):

@@ -265,8 +265,11 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     # --- admit new requests, refresh weights, start episodes ---
                     await admit(consumer)
                     drop_revoked(consumer)
-                    await refresh_weights()
-                    start_episodes()
+                    if cfg.swap_weights == "every_turn" or not live:
+                        await refresh_weights()
+                        start_episodes()
+                    elif watcher.newer_than(backend.version) is None:
+                        start_episodes()  # else the running episodes finish on their version first
                     if not live:
                         if waiting:  # blocked on a policy version not loaded yet
                             with anyio.move_on_after(0.5):

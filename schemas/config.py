@@ -134,6 +134,10 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     max_steps: Annotated[int, Meta(ge=1, le=200)] = 40
     min_version_wait_s: NonNegFloat = 30.0
     """How long a request waits for its min_policy_version to be published before running anyway."""
+    swap_weights: Literal["every_turn", "between_episodes"] = "every_turn"
+    """every_turn: a new policy version is loaded between two turns of running episodes (an episode may
+    span versions; each step records its own). between_episodes: no new episode starts while a newer
+    version waits; it is loaded once the running episodes end (one version per episode, less throughput)."""
 
 
 class JudgeConfig(Config, frozen=True, kw_only=True):

@@ -347,6 +347,9 @@ async def test_role_drops_stale_and_duplicates_and_publishes(tmp_path: Path, kaf
     assert dropped and dropped[-1] == 3
     assert [m.value for m in metrics if m.name == "learner/policy/duplicates"][-1] == 1
     assert any(m.name == "staleness" and m.labels.get("model") == "policy" for m in metrics)
+    # the distribution of the kept samples' staleness: a's 4 at v0 and c's 1 at v1, all fresh
+    lags = [(m.labels["versions"], m.value) for m in metrics if m.name == "learner/policy/staleness_samples"]
+    assert lags == [("0", 4.0), ("0", 1.0)]
     assert {"learner/policy/loss", "learner/policy/tokens_per_s", "learner/policy/kl"} <= {
         m.name for m in metrics
     }

@@ -76,6 +76,9 @@ def test_progress_counts_effects_not_deliveries_and_derives_every_status_key():
     )
     p.apply(tp.METRICS, ev.Metric(role="policy-learner", name="staleness", value=1), 18.0)
     p.apply(tp.METRICS, ev.Metric(role="policy-learner", name="staleness", value=2), 18.0)
+    for lag, count in (("0", 5.0), ("2", 3.0), ("0", 1.0)):
+        p.apply(tp.METRICS, ev.Metric(role="policy-learner", name="learner/policy/staleness_samples", value=count,
+                                      labels={"versions": lag}), 18.0)  # fmt: skip
     p.apply(
         tp.DLQ,
         ev.DeadLetter(source_topic="x", partition=0, offset=1, key=None, value=b"?", error="bad"),
@@ -90,6 +93,7 @@ def test_progress_counts_effects_not_deliveries_and_derives_every_status_key():
     assert snap["variants_accepted"] == 1 and snap["variants_rejected"] == 1
     assert snap["samples_trained"] == 64
     assert snap["staleness_mean"] == 1.5
+    assert snap["staleness_samples"] == {"0": 6, "2": 3}
     # verdicts with the outcome's sign: rollout 0 (+1): 1,1 agree, -1 not; rollout 1 (-1): -1 agrees, 1 not, 0 skipped
     assert snap["verdict_agreement"] == round(3 / 5, 4)
     assert snap["dlq"] == 1 and snap["lag"] == {"actors": 3}

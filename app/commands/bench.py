@@ -14,6 +14,7 @@ BENCHMARKS = {
     "fanout": "weight_fanout.py",
     "learner": "learner_throughput.py",
     "actor_scaling": "actor_scaling.py",
+    "staleness": "staleness.py",
     "learning": "learning.py",
     "textworld": "textworld_ladder.py",
 }
