@@ -14,6 +14,7 @@ plain `AutoModelForCausalLM.from_pretrained`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -23,8 +24,9 @@ import struct
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import fsspec
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+T = TypeVar("T")
 LEFTOVER_AGE_S = 600.0  # a staging folder this old belongs to a killed writer, not a slow one
 # Files a folder must never hold: formats that run code when loaded.
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -48,6 +51,37 @@ _SAFETENSORS_DTYPES = {
     "BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64",
     "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64",
 }  # fmt: skip
+
+
+class StoreFull(OSError):
+    """A store stayed full after pruning what it could: nothing was written (no half-written folder)."""
+
+
+def retry_when_full(
+    write: Callable[[], T], make_room: Callable[[], None], *, where: str | Path, what: str
+) -> T:
+    """`write()`; on a full disk (ENOSPC) `make_room()` and write once more; still full: StoreFull, naming
+    the place and the free bytes. `write` must leave nothing behind when it fails."""
+    try:
+        return write()
+    except Exception as e:
+        if not _disk_full(e):
+            raise
+        log.warning("%s: %s is full; pruning and retrying", what, where)
+    make_room()
+    try:
+        return write()
+    except Exception as e:
+        if not _disk_full(e):
+            raise
+        free = shutil.disk_usage(where).free if Path(where).exists() else 0
+        raise StoreFull(errno.ENOSPC, f"{what}: no space left in {where} ({free} bytes free after pruning); "
+                        "free some space or point the store elsewhere") from e  # fmt: skip
+
+
+def _disk_full(e: BaseException) -> bool:
+    """ENOSPC, also when a library wraps it (safetensors raises its own error naming os error 28)."""
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
 
 
 class WeightsRejected(Exception):
@@ -158,7 +192,28 @@ class WeightStore:
         preset: str = "",
         optimizer_step: int = 0,
     ) -> WeightsPublished:
-        """Write `model` (+ tokenizer) as version `version`; return the event to send on forge.weights."""
+        """Write `model` (+ tokenizer) as version `version`; return the event to send on forge.weights.
+        On a full disk the older versions go first (all but the newest), then StoreFull."""
+        parent = f"{self.root}/{model_name}"
+        digest, size = retry_when_full(
+            lambda: self._write(model_name, version, model, tokenizer),
+            lambda: self.prune(model_name, keep_last=1),
+            where=Path(parent if self.local else self._cache),
+            what=f"publishing {model_name} v{version}",
+        )
+        self.prune(model_name)
+        return WeightsPublished(
+            model=model_name,
+            version=version,
+            uri=self.uri(model_name, version),
+            sha256=digest,
+            bytes=size,
+            preset=preset,
+            optimizer_step=optimizer_step,
+        )
+
+    def _write(self, model_name: str, version: int, model: Any, tokenizer: Any) -> tuple[str, int]:
+        """Stage, verify and move one version into place; (sha256, bytes). Leaves nothing on failure."""
         parent = f"{self.root}/{model_name}"
         final = f"{parent}/{version_dir(version)}"
         staging = (
@@ -184,16 +239,7 @@ class WeightStore:
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
-        self.prune(model_name)
-        return WeightsPublished(
-            model=model_name,
-            version=version,
-            uri=self.uri(model_name, version),
-            sha256=digest,
-            bytes=size,
-            preset=preset,
-            optimizer_step=optimizer_step,
-        )
+        return digest, size
 
     @staticmethod
     def _replace_local(staging: Path, final: Path) -> None:
@@ -210,10 +256,11 @@ class WeightStore:
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(parent, detail=False)]
         return sorted(int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit())
 
-    def prune(self, model_name: str) -> None:
-        """Delete all but the newest keep_last versions of `model_name`, and the leftovers of writes a
-        kill interrupted (staging `.tmp-*`, replaced `.old-*`) once older than LEFTOVER_AGE_S."""
-        for v in self.versions(model_name)[: -self.keep_last]:
+    def prune(self, model_name: str, *, keep_last: int | None = None) -> None:
+        """Delete all but the newest keep_last versions of `model_name` (the store's, unless given), and
+        the leftovers of writes a kill interrupted (staging `.tmp-*`, replaced `.old-*`) once older than
+        LEFTOVER_AGE_S."""
+        for v in self.versions(model_name)[: -(keep_last or self.keep_last)]:
             path = f"{self.root}/{model_name}/{version_dir(v)}"
             try:
                 self.fs.rm(path, recursive=True)

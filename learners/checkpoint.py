@@ -23,6 +23,8 @@ import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
+from infra.weights import retry_when_full
+
 COMPLETE = "COMPLETE"
 PREFIX = "step-"
 
@@ -92,23 +94,37 @@ def save_checkpoint(
     *,
     keep_last: int = 2,
 ) -> Path:
-    """Write a complete checkpoint for `state.optimizer_step` and prune older ones."""
+    """Write a complete checkpoint for `state.optimizer_step` and prune older ones. On a full disk all
+    but the newest complete checkpoint go first, then StoreFull (nothing half-written is left)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{state.optimizer_step:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(model_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
-    (tmp / "state.json").write_bytes(msgspec.json.encode(state))
-    for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
-        _fsync_file(tmp / name)
-    (tmp / COMPLETE).write_text("ok\n")
-    _fsync_file(tmp / COMPLETE)
-    if final.exists():  # the same step written again after a restart: replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
+
+    def write() -> None:
+        tmp = root / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            save_file(model_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_file(optimizer_tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
+            (tmp / "state.json").write_bytes(msgspec.json.encode(state))
+            for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
+                _fsync_file(tmp / name)
+            (tmp / COMPLETE).write_text("ok\n")
+            _fsync_file(tmp / COMPLETE)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.exists():  # the same step written again after a restart: replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+
+    def make_room() -> None:
+        remove_leftovers(root)
+        for old in complete_checkpoints(root)[:-1]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    retry_when_full(write, make_room, where=root, what=f"checkpoint {final.name}")
     for old in complete_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final

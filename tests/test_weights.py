@@ -206,3 +206,65 @@ async def test_watcher_follows_forge_weights_from_the_beginning(kafka_config, tm
             assert got.version == 2 and got.sha256 == events[2].sha256
             shutdown.set()
     assert json.loads((Path(got.uri) / "config.json").read_text())["hidden_size"] == 128
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real full disk: a tmpfs of a few MB (needs root, as CI runs here; skipped elsewhere)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(megabytes: int) -> Path:
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(where)],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_store_prunes_then_fails_clearly_and_never_half_writes(small_disk, trainable):
+    from infra.weights import StoreFull
+
+    model, tok = trainable
+    disk = small_disk(8)  # room for two versions of the tiny model (3.4 MB each with its tokenizer)
+    store = WeightStore(str(disk), keep_last=5)
+    for v in (1, 2, 3):  # v3 does not fit next to v1 and v2: the older ones go, then it is written
+        store.publish("policy", v, model, tok)
+    assert store.versions("policy")[-1] == 3 and len(store.versions("policy")) < 3
+    assert not list((disk / "policy").glob(".tmp-*"))
+    fetched = store.fetch(store.publish("policy", 4, model, tok))  # still a verified, loadable version
+    assert (fetched / "model.safetensors").is_file()
+
+    tiny_disk = small_disk(1)  # nothing fits: a clear error, no version, nothing half-written
+    store = WeightStore(str(tiny_disk), keep_last=5)
+    with pytest.raises(
+        StoreFull, match=r"publishing policy v1: no space left in .* bytes free after pruning"
+    ):
+        store.publish("policy", 1, model, tok)
+    assert store.versions("policy") == [] and not list((tiny_disk / "policy").glob(".tmp-*"))
+
+
+def test_a_full_checkpoint_folder_keeps_the_newest_checkpoint_and_fails_clearly(small_disk, trainable):
+    from infra.weights import StoreFull
+    from learners import checkpoint as ckpt
+
+    model, _ = trainable
+    state = ckpt.LearnerState()
+    root = small_disk(8)  # room for two checkpoints of the tiny model (~3.2 MB each): the newest is kept
+    for step in (1, 2, 3, 4):
+        state.optimizer_step = step
+        ckpt.save_checkpoint(root, state, model, {}, keep_last=10)
+    names = [p.name for p in ckpt.complete_checkpoints(root)]
+    assert names[-1].endswith("00000004") and len(names) < 4 and not list(root.glob(".tmp-*"))
+    root = small_disk(1)
+    with pytest.raises(StoreFull, match="checkpoint .*: no space left"):
+        ckpt.save_checkpoint(root, state, model, {})
+    assert ckpt.complete_checkpoints(root) == [] and not list(root.glob(".tmp-*"))
