@@ -41,7 +41,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from schemas import codec
 from schemas.config import KafkaConfig
 from schemas.events import DeadLetter, Metric, finite
-from schemas.topics import DLQ, METRICS, TOPICS, TopicNames
+from schemas.topics import DLQ, METRICS, TOPICS, Topic, TopicNames
 
 log = logging.getLogger("forgestream.bus")
 E = TypeVar("E", bound=msgspec.Struct)
@@ -356,7 +356,7 @@ class Bus:
         )
 
     async def send(
-        self, topic: str, value: msgspec.Struct, *, key: str, headers: dict[str, bytes] | None = None
+        self, topic: Topic[E], value: E, *, key: str, headers: dict[str, bytes] | None = None
     ) -> None:
         """Encode, validate and send one event to a logical topic; returns once the broker acked it."""
         data = self._encode(topic, value)
@@ -364,7 +364,7 @@ class Bus:
         await ack
         self.stats["sent"] += 1
 
-    async def send_many(self, topic: str, items: Iterable[tuple[str, msgspec.Struct]]) -> None:
+    async def send_many(self, topic: Topic[E], items: Iterable[tuple[str, E]]) -> None:
         """Send (key, event) pairs as one pipelined burst; returns once every one is acked."""
         physical = self.names.of(topic)
         acks = [await self._send_raw(physical, self._encode(topic, value), key, None) for key, value in items]
@@ -420,11 +420,11 @@ class Bus:
     # --- group consumer loop ---
     async def consume(
         self,
-        topics: list[str],
+        topics: list[Topic[E]],
         *,
         group: str,
-        handler: Callable[[Record[Any]], Awaitable[None]],
-        idempotency_key: Callable[[Record[Any]], str] | None = None,
+        handler: Callable[[Record[E]], Awaitable[None]],
+        idempotency_key: Callable[[Record[E]], str] | None = None,
         shutdown: anyio.Event | None = None,
         max_records: int = 256,
     ) -> None:
@@ -507,11 +507,11 @@ class Bus:
         self.stats["handled"] += 1
         return True
 
-    def batch_consumer(self, topics: list[str], *, group: str) -> BatchConsumer:
+    def batch_consumer(self, topics: list[Topic[Any]], *, group: str) -> BatchConsumer:
         return BatchConsumer(self, topics, group=group)
 
     # --- reading without a group ---
-    async def read_topic(self, topic: str, *, latest_per_key: bool | None = None) -> list[Record[Any]]:
+    async def read_topic(self, topic: Topic[E], *, latest_per_key: bool | None = None) -> list[Record[E]]:
         """Every record from the beginning up to the end as of this call (see `iter_topic`).
 
         Compacted topics (or `latest_per_key=True`) keep only the last value per key, because Tansu
@@ -535,7 +535,7 @@ class Bus:
             log.warning("reader skips %s[%d]@%d: %s", raw.topic, raw.partition, raw.offset, e)
             return None
 
-    async def iter_topic(self, topic: str, *, stall_timeout_s: float = 60.0) -> AsyncIterator[Record[Any]]:
+    async def iter_topic(self, topic: Topic[E], *, stall_timeout_s: float = 60.0) -> AsyncIterator[Record[E]]:
         """Stream every record from the beginning up to the end as of this call, then stop (no group).
 
         Offset order within a partition. Undecodable records are logged and skipped (a group consumer
@@ -577,8 +577,8 @@ class Bus:
                 await consumer.stop()
 
     async def follow_topic(
-        self, topic: str, *, shutdown: anyio.Event | None = None
-    ) -> AsyncIterator[Record[Any]]:
+        self, topic: Topic[E], *, shutdown: anyio.Event | None = None
+    ) -> AsyncIterator[Record[E]]:
         """Every record from the beginning, then new ones as they arrive, until `shutdown` is set."""
         physical = self.names.of(topic)
         # Followers wait on rare, latency-sensitive events (a new weights version): a short broker

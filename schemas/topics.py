@@ -1,27 +1,44 @@
 """Topic names, keys, value types and configs: the DESIGN topics table as code.
 
-Names are constants; a run-wide prefix (`KafkaConfig.topic_prefix`) is prepended so two runs can
+Names are `Topic[E]` constants (a str that carries its event type); a run-wide prefix (`KafkaConfig.topic_prefix`) is prepended so two runs can
 share one cluster (`TopicNames(prefix).of(TRAJECTORIES)`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from msgspec import Struct
 
 from schemas import events as ev
 
-TASKS = "forge.tasks"
-ROLLOUT_REQUESTS = "forge.rollout.requests"
-TRAJECTORIES = "forge.trajectories"
-JUDGED = "forge.trajectories.judged"
-SAMPLES_POLICY = "forge.samples.policy"
-SAMPLES_REWARD = "forge.samples.reward"
-TASK_EVENTS = "forge.task.events"
-WEIGHTS = "forge.weights"
-METRICS = "forge.metrics"
-DLQ = "forge.dlq"
+E = TypeVar("E", bound=Struct)
+
+
+class Topic(str, Generic[E]):
+    """A topic's logical name that also carries its event type: a `str` (it keys dicts, compares and
+    prints as the name), and for type checkers `bus.read_topic(JUDGED)` is `list[Record[JudgedTrajectory]]`
+    and a handler of `bus.consume([TRAJECTORIES], ...)` receives `Record[Trajectory]`."""
+
+    value_type: type[E]
+
+    def __new__(cls, name: str, value_type: type[E]) -> Topic[E]:
+        topic = super().__new__(cls, name)
+        topic.value_type = value_type
+        return topic
+
+
+TASKS = Topic("forge.tasks", ev.TaskSpec)
+ROLLOUT_REQUESTS = Topic("forge.rollout.requests", ev.RolloutRequest)
+TRAJECTORIES = Topic("forge.trajectories", ev.Trajectory)
+JUDGED = Topic("forge.trajectories.judged", ev.JudgedTrajectory)
+SAMPLES_POLICY = Topic("forge.samples.policy", ev.PolicySampleBatch)
+SAMPLES_REWARD = Topic("forge.samples.reward", ev.RewardSampleBatch)
+TASK_EVENTS = Topic("forge.task.events", ev.TaskEvent)
+WEIGHTS = Topic("forge.weights", ev.WeightsPublished)
+METRICS = Topic("forge.metrics", ev.Metric)
+DLQ = Topic("forge.dlq", ev.DeadLetter)
 
 _WEEK_MS = 7 * 24 * 3600 * 1000
 _LONG_MS = -1  # keep forever: the replay source
@@ -29,11 +46,14 @@ _LONG_MS = -1  # keep forever: the replay source
 
 @dataclass(frozen=True)
 class TopicSpec:
-    name: str
+    name: Topic
     key: str  # what the record key is (documentation + status output)
-    value_type: type[Struct]
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def value_type(self) -> type[Struct]:
+        return self.name.value_type
 
     @property
     def compacted(self) -> bool:
@@ -49,16 +69,16 @@ _COMPACT = {"cleanup.policy": "compact"}
 TOPICS: dict[str, TopicSpec] = {
     t.name: t
     for t in [
-        TopicSpec(TASKS, "task_id", ev.TaskSpec, 4, _COMPACT),
-        TopicSpec(ROLLOUT_REQUESTS, "request_id", ev.RolloutRequest, 8, _delete()),
-        TopicSpec(TRAJECTORIES, "request_id", ev.Trajectory, 8, _delete(_LONG_MS)),
-        TopicSpec(JUDGED, "request_id", ev.JudgedTrajectory, 8, _delete(_LONG_MS)),
-        TopicSpec(SAMPLES_POLICY, "request_id", ev.PolicySampleBatch, 4, _delete()),
-        TopicSpec(SAMPLES_REWARD, "request_id", ev.RewardSampleBatch, 4, _delete()),
-        TopicSpec(TASK_EVENTS, "task_id", ev.TaskEvent, 4, _delete()),
-        TopicSpec(WEIGHTS, "model", ev.WeightsPublished, 1, _COMPACT),
-        TopicSpec(METRICS, "role", ev.Metric, 4, _delete()),
-        TopicSpec(DLQ, "source topic", ev.DeadLetter, 1, _delete(_LONG_MS)),
+        TopicSpec(TASKS, "task_id", 4, _COMPACT),
+        TopicSpec(ROLLOUT_REQUESTS, "request_id", 8, _delete()),
+        TopicSpec(TRAJECTORIES, "request_id", 8, _delete(_LONG_MS)),
+        TopicSpec(JUDGED, "request_id", 8, _delete(_LONG_MS)),
+        TopicSpec(SAMPLES_POLICY, "request_id", 4, _delete()),
+        TopicSpec(SAMPLES_REWARD, "request_id", 4, _delete()),
+        TopicSpec(TASK_EVENTS, "task_id", 4, _delete()),
+        TopicSpec(WEIGHTS, "model", 1, _COMPACT),
+        TopicSpec(METRICS, "role", 4, _delete()),
+        TopicSpec(DLQ, "source topic", 1, _delete(_LONG_MS)),
     ]
 }
 
