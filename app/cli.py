@@ -10,6 +10,7 @@ itself with `from app.cli import app` and `@app.command()` (keep its top-level i
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -218,7 +219,12 @@ def status(
 
 @app.command()
 def run(
-    role: Annotated[str, typer.Argument(help="One of: " + ", ".join(ROLES))],
+    role: Annotated[
+        str,
+        typer.Argument(
+            help="One of: " + ", ".join(ROLES) + "; or several joined by commas (tasks of one process)."
+        ),
+    ],
     config: ConfigOpt = None,
     bootstrap: BootstrapOpt = None,
     topic_prefix: PrefixOpt = None,
@@ -226,9 +232,12 @@ def run(
     create_topics: Annotated[bool, typer.Option(help="Create missing topics first (idempotent).")] = True,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
-    """Run one role until SIGTERM/SIGINT (graceful: finish in-flight work, commit, leave the group)."""
-    if role not in ROLES:
-        fail(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    """Run one role (or several, as tasks of one process) until SIGTERM/SIGINT (graceful: finish
+    in-flight work, commit, leave the group)."""
+    roles = [r.strip() for r in role.split(",") if r.strip()]
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        fail(f"unknown role {(unknown or [role])[0]!r}; roles: {', '.join(ROLES)}")
     supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
     if supervisor:  # started by `up`: drain and stop when it dies, even by kill -9 (no orphans)
         import signal
@@ -242,15 +251,16 @@ def run(
     require_broker(cfg.kafka)
     setup_logging(log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    module = importlib.import_module(ROLES[role])
+    modules = [importlib.import_module(ROLES[r]) for r in roles]
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
-    exit_code = _run_role(module, cfg, create_topics)
+    exit_code = _run_roles(modules, cfg, create_topics)
     if exit_code:
         raise typer.Exit(exit_code)
 
 
-def _run_role(module: Any, cfg: RunConfig, create_topics: bool) -> int:
+def _run_roles(modules: list[Any], cfg: RunConfig, create_topics: bool) -> int:
+    """Every role's `run` in one event loop; one failing stops the others (the process exits 1)."""
     import anyio
 
     from infra.bus import install_signal_handlers
@@ -261,14 +271,16 @@ def _run_role(module: Any, cfg: RunConfig, create_topics: bool) -> int:
         install_signal_handlers(shutdown)
         if create_topics:
             await create(cfg.kafka)
-        await module.run(cfg, shutdown=shutdown)
+        async with anyio.create_task_group() as tg:
+            for module in modules:
+                tg.start_soon(functools.partial(module.run, cfg, shutdown=shutdown))
 
     try:
         anyio.run(main)
     except KeyboardInterrupt:
         return 130
-    except Exception:
-        log.exception("role %s failed", module.__name__)
+    except Exception:  # one role's error (an ExceptionGroup from the task group)
+        log.exception("role(s) %s failed", ", ".join(m.__name__ for m in modules))
         return 1
     return 0
 

@@ -36,6 +36,10 @@ ROLE_ORDER = [
     "scheduler",
 ]
 
+# Roles that need little CPU and no model: by default one process runs them all as tasks (fewer
+# interpreters on a small machine); `--separate-light-roles` gives each its own.
+LIGHT_ROLES = ("forge", "signals", "env-model", "scheduler")
+
 # Roles off the policy's critical path run at a lower CPU priority: on a small machine the actor ->
 # judge -> signals -> policy learner chain gets the cores first, and these use what is left.
 NICENESS: dict[str, int] = {"evaluator": 10, "reward-learner": 5}
@@ -53,7 +57,14 @@ class RoleProcess:
 
     @property
     def name(self) -> str:
+        if "," in self.role:
+            return "light-roles"
         return self.role if self.index == 0 else f"{self.role}-{self.index}"
+
+    @property
+    def order(self) -> int:
+        """Its place in ROLE_ORDER (a process of several roles: its latest role's)."""
+        return max(ROLE_ORDER.index(r) for r in self.role.split(","))
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,7 @@ class UpOptions:
     judges: int = 1
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     grace_s: float = 20.0
+    light_roles_together: bool = True  # LIGHT_ROLES as tasks of one process
     env: dict[str, str] = field(default_factory=dict)  # config overrides handed to every role
     without: frozenset[str] = frozenset()  # roles not started (e.g. a frozen reward model, a static env)
 
@@ -150,7 +162,7 @@ async def _supervise(
 
 async def _stop(procs: list[RoleProcess], grace_s: float) -> None:
     """SIGTERM producers first (no new work), then the rest; SIGKILL whatever outlives the grace."""
-    for rp in sorted(procs, key=lambda p: -ROLE_ORDER.index(p.role)):
+    for rp in sorted(procs, key=lambda p: -p.order):
         if rp.process is not None and rp.process.returncode is None:
             try:
                 os.killpg(rp.process.pid, signal.SIGTERM)
@@ -258,10 +270,13 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
         if options.config_path:
             env["FORGESTREAM_CONFIG"] = str(Path(options.config_path).resolve())
         procs: list[RoleProcess] = []
+        light = [r for r in ROLE_ORDER if r in LIGHT_ROLES and r not in options.without]
+        if options.light_roles_together and light:
+            procs.append(RoleProcess(",".join(light), 0, workdir / "logs" / "light-roles.log"))
         for role in ROLE_ORDER:
             copies = {"actor": options.actors, "judge": options.judges,
                       "evaluator": int(config.evaluator.enabled)}.get(role, 1)  # fmt: skip
-            if role in options.without:
+            if role in options.without or (options.light_roles_together and role in LIGHT_ROLES):
                 continue
             for i in range(copies):
                 procs.append(

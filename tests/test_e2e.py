@@ -248,6 +248,58 @@ def test_role_with_unreachable_broker_fails_fast() -> None:
     assert time.monotonic() - start < 30
 
 
+def test_several_roles_run_as_tasks_of_one_process(tmp_path: Path, broker) -> None:
+    """`run scheduler,signals,forge`: one process, each role with its own group; SIGTERM drains them all."""
+    import signal
+
+    from infra.topics import create_topics
+    from schemas.events import RolloutRequest
+    from tests.test_scheduler import judged
+
+    prefix = f"light{os.getpid()}."
+    kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix=prefix)
+    run_sync(create_topics(kafka))  # the roles create them too (idempotent); reading needs them first
+    proc = subprocess.Popen(
+        [*CLI, "run", "scheduler,signals,forge", "--bootstrap", broker.bootstrap, "--topic-prefix", prefix,
+         "--workdir", str(tmp_path / "run")], cwd=ROOT, env=env_for_tests(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+
+        async def seeded() -> list:
+            async with Bus(kafka, role="test") as bus:
+                return await bus.read_topic(topics.TASKS)
+
+        (task, *_) = wait_for(
+            lambda: [r.value for r in run_sync(seeded())], 120, "the scheduler's seed tasks"
+        )
+
+        async def judge_a_group() -> None:  # one success, one failure: signals turns it into samples
+            request = RolloutRequest(request_id="light-req", task=task, n=2)
+            async with Bus(kafka, role="test") as bus:
+                for index, outcome in ((0, 1), (1, -1)):
+                    await bus.send(
+                        topics.JUDGED, judged(request, index, outcome, outcome), key=request.request_id
+                    )
+
+        run_sync(judge_a_group())
+
+        async def trained_and_watched() -> bool:
+            async with Bus(kafka, role="test") as bus:
+                samples = await bus.read_topic(topics.SAMPLES_POLICY)
+                metrics = await bus.read_topic(topics.METRICS)
+            return bool(samples) and any(m.value.role == "forge" for m in metrics)
+
+        wait_for(lambda: run_sync(trained_and_watched()), 120, "signals' samples and the forge's metrics")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+    unknown = subprocess.run([*CLI, "run", "scheduler,nope", "--bootstrap", broker.bootstrap], cwd=ROOT,
+                             env=env_for_tests(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert unknown.returncode == 2 and "unknown role 'nope'" in unknown.stderr
+
+
 def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[actor]\nparallel_episodes = 0\n")

@@ -39,6 +39,13 @@ def up(
     live: Annotated[
         bool | None, typer.Option(help="Live table (default: when stdout is a terminal).")
     ] = None,
+    light_roles_together: Annotated[
+        bool,
+        typer.Option(
+            "--light-roles-together/--separate-light-roles",
+            help="Run forge, signals, env-model and scheduler as tasks of one process.",
+        ),
+    ] = True,
     without: Annotated[
         list[str] | None,
         typer.Option(
@@ -92,6 +99,7 @@ def up(
         live=sys.stdout.isatty() if live is None else live,
         env=env,
         without=skipped,
+        light_roles_together=light_roles_together,
     )
     try:
         code = anyio.run(run_up, cfg, options)
