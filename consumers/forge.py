@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -152,6 +153,8 @@ class Forge:
         self.bus = bus
         self.view = TaskPool()  # the newest spec per task: forge.tasks plus our own publications
         kafka = config.kafka
+        datadir = Path(config.workdir) / "forge-data"  # faust's own folder: in the run, not the cwd
+        datadir.parent.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
             kafka.topic_prefix + self.settings.app_id,
             broker=_brokers(kafka),
@@ -171,6 +174,7 @@ class Forge:
             topic_partitions=self.settings.partitions,
             web_enabled=False,
             autodiscover=False,
+            datadir=str(datadir),
         )
         self.table = self.app.Table(TABLE, default=None, partitions=self.settings.partitions)
         judged = self.app.topic(bus.names.of(JUDGED), key_serializer="raw", value_serializer="raw")

@@ -94,14 +94,20 @@ def game_file(knobs: dict[str, Any], seed: int, *, root: Path | None = None) -> 
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         cmd = tw_make_command(knobs, seed, staging / "game.z8")
+        scratch = root / f".scratch-{key}-{os.getpid()}"  # the Inform compiler writes beside its cwd
+        scratch.mkdir(exist_ok=True)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=GENERATE_TIMEOUT_S)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=GENERATE_TIMEOUT_S, cwd=scratch
+            )
         except subprocess.TimeoutExpired:
             shutil.rmtree(staging, ignore_errors=True)
             raise GameGenerationError(f"{' '.join(cmd)}: no game after {GENERATE_TIMEOUT_S:.0f} s") from None
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)
             raise GameGenerationError(f"{cmd[0]}: cannot run the TextWorld generator ({e})") from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         if done.returncode != 0 or not (staging / "game.z8").is_file():
             shutil.rmtree(staging, ignore_errors=True)
             tail = (done.stderr or done.stdout)[-800:]
