@@ -132,6 +132,10 @@ class TextWorldEpisode:
     def view(self) -> View:
         return self.views[-1]
 
+    def admissible(self) -> list[str]:
+        """The commands listed in the prompt, in index order."""
+        return self.view.commands
+
     def prompt(self) -> str:
         recent = [a if a is not None else "invalid" for a in self.actions_taken[-2:]]
         lines = [f"Task: {self.objective}", self.view.render()]
