@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -82,11 +81,11 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import msgspec
 
+    from benchmarks import child_env
     from infra.broker import Broker
     from schemas.config import KafkaConfig
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"}
-    env |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    env = child_env()
     counts = [int(x) for x in args.actors.split(",")]
     rows = []
     with Broker() as broker, tempfile.TemporaryDirectory() as tmp:

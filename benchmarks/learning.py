@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -71,14 +70,9 @@ def main() -> None:
 
     band = RunConfig().scheduler.seed_difficulty
     levels = f"{band},{band + 2}"
-    base_env = {
-        k: v for k, v in os.environ.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"
-    }
-    base_env |= {
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "FORGESTREAM_EVALUATOR__ENABLED": "false",
-    }
+    from benchmarks import child_env
+
+    base_env = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
     base = ROOT / ".work" / "bench-learning"
     runs: list[dict] = []
     started = time.time()

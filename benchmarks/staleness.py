@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,14 +32,9 @@ def main() -> None:
     from schemas.config import RunConfig
 
     eta = RunConfig().policy_learner.eta
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith("FORGESTREAM_") or k == "FORGESTREAM_HOME"
-    }
-    base |= {
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "FORGESTREAM_EVALUATOR__ENABLED": "false",
-    }
+    from benchmarks import child_env
+
+    base = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
     rows = []
     for mode in MODES:
         workdir = ROOT / ".work" / f"bench-staleness-{mode}"
