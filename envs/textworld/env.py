@@ -47,9 +47,10 @@ LADDER: tuple[dict[str, Any], ...] = tuple(
         (3, 3, 6, True, True, True, False),
         (3, 3, 9, True, True, True, False),
         (3, 3, 12, True, True, True, False),
-        (3, 3, 12, True, True, True, True),
     )
 )
+# Not on the ladder, and never moved by a variant: `drop` (a limited inventory). The engine gives such
+# games no walkthrough (`policy_commands` is empty from the start), so they have no oracle or labels.
 
 # Verbs in the critic's failed actions -> the knob that makes that part of the game harder.
 KNOB_FOR_VERB = {
@@ -284,7 +285,7 @@ def _moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[
     """(knob, knobs with that knob one notch harder / easier), for every knob that can move."""
     out = []
     up = direction == "harder"
-    for knob in ("open", "cook", "cut", "drop"):
+    for knob in ("open", "cook", "cut"):
         if knobs[knob] != up:
             out.append((knob, {**knobs, knob: up}))
     if up and knobs["recipe"] < 3:
