@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 pytest.importorskip("textworld")
@@ -103,6 +104,12 @@ def test_generation_failure_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(GameGenerationError, match="tw-cooking.*--go 5.*failed"):
         game_file(knobs, 1, root=tmp_path)
     assert not list(tmp_path.glob(".tmp-*"))
+    # for the env model an unbuildable candidate is an unsolvable one (ValueError), not a crash
+    env = TextWorldEnv()
+    bad = env.sample_task(0, random.Random(1))
+    bad = msgspec.structs.replace(bad, params={**bad.params, "go": 5})
+    with pytest.raises(ValueError, match="failed"):
+        env.oracle(bad)
 
 
 def test_the_ladder_adds_one_complication_per_rung() -> None:
@@ -121,6 +128,10 @@ def test_the_ladder_adds_one_complication_per_rung() -> None:
 
 def test_variants_move_one_knob_one_notch_and_follow_the_critic() -> None:
     env = TextWorldEnv()
+    # the easiest rung has nothing to relax (the engine refuses take 0: "Shuffle recipe requires the
+    # 'take' skill", seen in a textworld run)
+    assert env.propose_variant(env.sample_task(0, random.Random(0)), "easier", CriticFeedback(),
+                               random.Random(0)) is None  # fmt: skip
     task = env.sample_task(4, random.Random(0))  # recipe 2, take 2, 6 rooms, closed containers, cut
     critic = CriticFeedback(high_risk_steps=[[2]], failed_actions=["I will open the fridge. \\boxed{3}"])
     easier = env.propose_variant(task, "easier", critic, random.Random(1))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from envs.base import Direction, StepResult
-from envs.textworld.games import COOKING_KNOBS, game_file, game_key
+from envs.textworld.games import COOKING_KNOBS, GameGenerationError, game_file, game_key
 from schemas.events import CriticFeedback, TaskSpec
 
 BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
@@ -218,8 +218,12 @@ class TextWorldEnv:
         return TextWorldEpisode(task)
 
     def oracle(self, task: TaskSpec) -> list[str]:
-        """The engine's walkthrough as `\\boxed{index}` answers, one per turn."""
-        episode = self.reset(task)
+        """The engine's walkthrough as `\\boxed{index}` answers, one per turn; ValueError when the game
+        cannot be built or won (the env model then refuses the candidate)."""
+        try:
+            episode = self.reset(task)
+        except GameGenerationError as e:
+            raise ValueError(f"task {task.task_id}: {e}") from e
         answers = []
         while not episode.done:
             answer = self.expert_response(episode)
@@ -294,7 +298,7 @@ def _moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[
         out.append(("recipe", {**knobs, "recipe": knobs["recipe"] - 1}))
     if up and knobs["take"] < knobs["recipe"]:
         out.append(("take", {**knobs, "take": knobs["take"] + 1}))
-    if not up and knobs["take"] > 0:
+    if not up and knobs["take"] > 1:  # the engine needs at least one ingredient to take
         out.append(("take", {**knobs, "take": knobs["take"] - 1}))
     i = GO_STEPS.index(knobs["go"])
     if 0 <= i + (1 if up else -1) < len(GO_STEPS):
