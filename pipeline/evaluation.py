@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from envs import get_environment, judge_prompt, parse_verdict
+from envs import get_environment, parse_verdict
+from envs.play import PlayedEpisode, PlayedStep, play_tasks
 from envs.seeds import heldout_rng
 
 Z95 = 1.959963984540054
@@ -42,25 +42,6 @@ def majority(verdicts: Iterable[int]) -> int:
     return (total > 0) - (total < 0)
 
 
-@dataclass
-class PlayedStep:
-    index: int  # turn within its episode
-    judge_prompt: str
-    valid: bool
-    progress: bool | None  # the environment's label; None where the domain has none
-
-
-@dataclass
-class PlayedEpisode:
-    level: int
-    outcome: int
-    steps: list[PlayedStep] = field(default_factory=list)
-
-    @property
-    def invalid(self) -> int:
-        return sum(not s.valid for s in self.steps)
-
-
 def play_heldout(
     backend: Any,
     domain: str,
@@ -76,39 +57,14 @@ def play_heldout(
 ) -> list[PlayedEpisode]:
     """Play held-out tasks first_task .. first_task+count-1 of `level`, batching `parallel` episodes."""
     env = get_environment(domain)
-    progress = getattr(env, "step_is_progress", None)
     played: list[PlayedEpisode] = []
     for start in range(first_task, first_task + count, parallel):
         tasks = [
             env.sample_task(level, heldout_rng(level, i))
             for i in range(start, min(start + parallel, first_task + count))
         ]
-        episodes = [env.reset(t) for t in tasks]
-        records = [PlayedEpisode(level=level, outcome=-1) for _ in tasks]
-        history: list[list[str]] = [[] for _ in tasks]
-        for turn in range(max_steps):
-            live = [i for i, e in enumerate(episodes) if not e.done]
-            if not live:
-                break
-            outs = backend.generate([episodes[i].prompt() for i in live], temperature=temperature,
-                                    max_tokens=max_tokens, seed=seed + start * max_steps + turn)  # fmt: skip
-            for i, group in zip(live, outs, strict=True):
-                response, episode = group[0].text, episodes[i]
-                context = episode.judge_context(len(history[i]))
-                label = progress(tasks[i], history[i], response) if progress is not None else None
-                result = episode.step(response)
-                history[i].append(response)
-                records[i].steps.append(
-                    PlayedStep(
-                        len(history[i]) - 1,
-                        judge_prompt(context, response, result.observation),
-                        result.valid_action,
-                        label,
-                    )
-                )
-        for record, episode in zip(records, episodes, strict=True):
-            record.outcome = 1 if episode.done and episode.outcome == 1 else -1
-        played += records
+        played += play_tasks(backend, env, tasks, temperature=temperature, max_tokens=max_tokens,
+                             max_steps=max_steps, seed=seed + start * max_steps)  # fmt: skip
     return played
 
 

@@ -184,6 +184,21 @@ def test_reward_pairs_are_balanced_and_labelled_by_the_oracle():
     assert all("## The agent's current step" in p for p, _ in pairs)
 
 
+def test_reward_pairs_draw_three_quarters_from_rollouts_and_stay_balanced():
+    import itertools
+
+    good = [f"rollout good {i}" for i in range(5)]
+    bad = [f"rollout bad {i}" for i in range(7)]
+    pairs = list(itertools.islice(reward_pairs(["household"], seed=3, rollouts=(good, bad)), 2000))
+    from_rollouts = [(p, v) for p, v in pairs if p.startswith("rollout")]
+    assert 0.70 <= len(from_rollouts) / len(pairs) <= 0.80  # ROLLOUT_SHARE = 0.75
+    assert all((v == GOOD) == (p in good) for p, v in from_rollouts)  # each keeps its own label
+    assert abs(sum(v == GOOD for _, v in pairs) - 1000) <= 2  # balanced overall
+    assert list(itertools.islice(reward_pairs(["household"], seed=3, rollouts=([], [])), 8)) == list(
+        itertools.islice(reward_pairs(["household"], seed=3), 8)
+    )  # no rollouts: the branching steps alone
+
+
 def test_smollm2_gguf_is_found_without_importing_the_package():
     code = (
         "import sys\n"
@@ -232,6 +247,7 @@ def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text(
         "[policy_model]\nbootstrap_sft_seconds = 0.6\n[reward_model]\nbootstrap_sft_seconds = 0.6\n"
+        "bootstrap_rollouts = 16\nbootstrap_policy_sft_seconds = 0.6\n"
     )
     env = {**os.environ, "FORGESTREAM_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "app.cli", "prepare", "--config", str(config)]
@@ -248,3 +264,7 @@ def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
     assert again.returncode == 0 and f"policy: {folders['policy']}" in again.stdout
     built = [d for d in (tmp_path / "presets").iterdir() if d.is_dir() and d.name.startswith("tiny-")]
     assert len(built) == 2 and not list((tmp_path / "presets").glob(".tmp-*"))  # none rebuilt
+    # the reward preset learned on the steps of the policy preset it will judge (the same folder)
+    made = json.loads((Path(folders["reward"]) / "bootstrap.json").read_text())
+    assert made["rollout_policy"] == Path(folders["policy"]).name and made["rollout_episodes"] == 16
+    assert made["rollout_good_steps"] > 0 and made["rollout_bad_steps"] > 0

@@ -2,7 +2,8 @@
 
 - `tiny`: Llama config (width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) with a
   word-level tokenizer trained on the environments' text, then bootstrap SFT on oracle
-  demonstrations (policy) or on oracle-labelled judge prompts (reward). Built once and cached under
+  demonstrations (policy) or on labelled judge prompts (reward: most from the tiny policy preset's
+  own rollouts on training tasks, see `rollout_policy_config`). Built once and cached under
   `$FORGESTREAM_HOME/presets/<key>` (else `<workdir>/models/<key>`), the key hashing everything the
   build depends on (architecture, role, seed, SFT steps, a fingerprint of the training data); a lock file makes
   concurrent processes build it once. Reproducible from the seed: the SFT length is a step count
@@ -73,9 +74,17 @@ def prepare_preset(model: ModelConfig, *, role: Role, workdir: Path) -> Path:
         domains = sorted(set(model.bootstrap_domains))
         # the data's fingerprint, not the envs' source: a prompt-format change rebuilds, a refactor does not
         data = bootstrap.data_fingerprint(domains)
-        key = _key({"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
-                    "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE})  # fmt: skip
-        return _build_once(root / f"tiny-{role}-{key}", lambda out: _build_tiny(model, role, out, root))
+        parts = {"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
+                 "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
+        rollout_policy = None
+        if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
+            rollout_policy = prepare_preset(rollout_policy_config(model), role="policy", workdir=workdir)
+            parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
+                      "rollout_policy": rollout_policy.name}  # fmt: skip
+        return _build_once(
+            root / f"tiny-{role}-{_key(parts)}",
+            lambda out: _build_tiny(model, role, out, root, rollout_policy),
+        )
     if preset == "smollm2-135m":
         gguf = find_smollm2_gguf()
         key = _key({"preset": preset, "gguf": gguf.name, "size": gguf.stat().st_size, "recipe": BUILD_RECIPE})
@@ -159,7 +168,19 @@ def tiny_tokenizer(domains: list[str], root: Path) -> Path:
     return _build_once(root / f"tokenizer-{key}", build)
 
 
-def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path) -> None:
+def rollout_policy_config(model: ModelConfig) -> ModelConfig:
+    """The tiny policy whose rollouts the tiny reward preset learns from: the policy preset of the
+    same seed and domains with `bootstrap_policy_sft_seconds` of SFT (by default the default policy)."""
+    return ModelConfig(
+        seed=model.seed,
+        bootstrap_domains=model.bootstrap_domains,
+        bootstrap_sft_seconds=getattr(
+            model, "bootstrap_policy_sft_seconds", ModelConfig().bootstrap_sft_seconds
+        ),
+    )
+
+
+def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_policy: Path | None) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -177,17 +198,27 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path) -> None:
         **TINY_ARCH,
     )
     net = LlamaForCausalLM(config)
-    pairs = bootstrap.policy_pairs if role == "policy" else bootstrap.reward_pairs
-    report = bootstrap.sft(
-        net,
-        tokenizer,
-        pairs(domains, seed=model.seed),
-        steps=sft_steps(model),
-        seed=model.seed,
-    )
+    data: dict[str, object] = {}
+    if role == "policy":
+        pairs = bootstrap.policy_pairs(domains, seed=model.seed)
+    else:
+        rollouts = None
+        if rollout_policy is not None:
+            from infra.models.hf_backend import HFBackend
+
+            player = rollout_policy_config(model)
+            rollouts = bootstrap.rollout_examples(
+                HFBackend(rollout_policy), domains, episodes=model.bootstrap_rollouts,
+                levels=model.bootstrap_rollout_levels, seed=model.seed,
+                temperature=player.temperature, max_tokens=player.max_new_tokens,
+            )  # fmt: skip
+            data = {"rollout_policy": rollout_policy.name, "rollout_episodes": model.bootstrap_rollouts,
+                    "rollout_good_steps": len(rollouts[0]), "rollout_bad_steps": len(rollouts[1])}  # fmt: skip
+        pairs = bootstrap.reward_pairs(domains, seed=model.seed, rollouts=rollouts)
+    report = bootstrap.sft(net, tokenizer, pairs, steps=sft_steps(model), seed=model.seed)
     net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer), **report}
+    report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer), **report, **data}
     (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
 
 

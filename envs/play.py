@@ -1,0 +1,76 @@
+"""Playing tasks with any generation backend, recording what the reward model would judge.
+
+One home for the loop "prompt every live episode, step it with the backend's answer, record the
+step's judge prompt and the environment's own step label (`step_is_progress`, None where the
+domain has none)". Held-out evaluation plays held-out tasks with it; the reward model's bootstrap
+plays training tasks with the policy preset, so the reward model learns on the steps it will judge.
+The backend is anything with the generation backends' `generate(prompts, temperature=,
+max_tokens=, seed=)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.base import Environment
+from envs.judging import judge_prompt
+
+
+@dataclass
+class PlayedStep:
+    index: int  # turn within its episode
+    judge_prompt: str
+    valid: bool
+    progress: bool | None  # the environment's label; None where the domain has none
+
+
+@dataclass
+class PlayedEpisode:
+    level: int
+    outcome: int
+    steps: list[PlayedStep] = field(default_factory=list)
+
+    @property
+    def invalid(self) -> int:
+        return sum(not s.valid for s in self.steps)
+
+
+def play_tasks(
+    backend: Any,
+    env: Environment,
+    tasks: list[Any],
+    *,
+    temperature: float,
+    max_tokens: int,
+    max_steps: int,
+    seed: int,
+) -> list[PlayedEpisode]:
+    """Play `tasks` side by side (one generate call per turn); generation seed `seed + turn`."""
+    progress = getattr(env, "step_is_progress", None)
+    episodes = [env.reset(t) for t in tasks]
+    records = [PlayedEpisode(level=t.difficulty, outcome=-1) for t in tasks]
+    history: list[list[str]] = [[] for _ in tasks]
+    for turn in range(max_steps):
+        live = [i for i, e in enumerate(episodes) if not e.done]
+        if not live:
+            break
+        outs = backend.generate([episodes[i].prompt() for i in live], temperature=temperature,
+                                max_tokens=max_tokens, seed=seed + turn)  # fmt: skip
+        for i, group in zip(live, outs, strict=True):
+            response, episode = group[0].text, episodes[i]
+            context = episode.judge_context(len(history[i]))
+            label = progress(tasks[i], history[i], response) if progress is not None else None
+            result = episode.step(response)
+            history[i].append(response)
+            records[i].steps.append(
+                PlayedStep(
+                    len(history[i]) - 1,
+                    judge_prompt(context, response, result.observation),
+                    result.valid_action,
+                    label,
+                )
+            )
+    for record, episode in zip(records, episodes, strict=True):
+        record.outcome = 1 if episode.done and episode.outcome == 1 else -1
+    return records
