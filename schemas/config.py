@@ -96,13 +96,15 @@ class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
     ModelConfig defaults silently gave judges a different preset than `up` built)."""
 
     max_new_tokens: PosInt = 24
-    bootstrap_sft_seconds: NonNegFloat = 60.0
-    """Tiny preset: 60 s (100 steps), 3/4 of them on judge prompts of `bootstrap_rollouts` episodes the
-    tiny policy preset played on training tasks, labelled by the environment, 1/4 on expert-vs-mistake
-    branching steps. Measured on held-out household steps the policy preset plays (levels 2 / 4 / 6,
-    greedy verdicts, balanced accuracy): 0.73 with the rollouts; 0.54 (50 steps) and 0.52 (300 steps)
-    without, where it learned to call every expert-like step good and the policy's steps are not; 0.59
-    with rollouts on all 10 levels (the long failures of levels 7-9 outweigh the band)."""
+    bootstrap_sft_seconds: NonNegFloat = 120.0
+    """Tiny preset: 120 s (200 steps, ~6 min here), 3/4 of them on judge prompts of `bootstrap_rollouts`
+    episodes the tiny policy preset played on training tasks, labelled by the environment, 1/4 on
+    expert-vs-mistake branching steps. Process accuracy on held-out steps of the policy preset
+    (`forgestream eval --reward-model preset --levels 4,6 --tasks 40 --modes sampled`: majority of m = 3
+    verdicts at T 0.8, 2,801 steps): 0.684 (balanced 0.676); 0.612 at 60 s; 0.499 for the former
+    preset (50 steps of branching steps only), which called the expert's kind of step good and the
+    policy's mistakes are not of that kind (300 steps of those: balanced 0.52 greedy). Rollouts on all
+    10 levels instead of 2-6: balanced 0.59 greedy against 0.73 (levels 7-9's long failures dominate)."""
     bootstrap_rollouts: NonNegInt = 256
     """Tiny reward preset: training episodes the policy preset plays for its data (0 = branching steps only)."""
     bootstrap_rollout_levels: tuple[NonNegInt, ...] = (2, 3, 4, 5, 6)
