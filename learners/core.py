@@ -318,37 +318,45 @@ class Learner:
         `publish_every` batches."""
         batch = whole_groups(self.pending, self.cfg.batch_samples)
         random.Random(self.state.optimizer_step).shuffle(batch)
-        prox = self.trainer.proximal(batch) if self.cfg.minibatches > 1 else None
+        several = self.cfg.minibatches > 1 or self.cfg.epochs > 1
+        prox = self.trainer.proximal(batch) if several else None
         chunk = -(-len(batch) // self.cfg.minibatches)
-        outcomes = []
-        for lo in range(0, len(batch), chunk):
-            part = batch[lo : lo + chunk]
-            lr = warmup_lr(self.cfg.lr, self.state.optimizer_step, self.cfg.warmup_steps)
-            self.engine.set_lr(lr)
-            stats = self.trainer.step(part, None if prox is None else prox[lo : lo + chunk])
-            stats.lr = lr
-            keys = set(stats.keys)
-            self.pending = [s for s in self.pending if s.key not in keys]
-            self.waiting_since = None
-            self.trained.extend(stats.keys)
-            self.state.optimizer_step += 1
-            self.state.samples_trained += len(part)
-            self.dirty = True
-            outcome = StepOutcome(stats=stats, version=self.state.version)
-            last_of_batch = lo + chunk >= len(batch)
-            if last_of_batch:
-                self.state.batches += 1
-            if last_of_batch and self.state.batches % self.cfg.publish_every == 0:
-                self.state.version += 1
-                outcome.version = self.state.version
-                if self.state.version % self.cfg.checkpoint_every == 0:
-                    outcome.committed = self.checkpoint()
-                outcome.published = self.publish()
-            ckpt.append_journal(
-                self.root,
-                {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys},
+        # epoch e > 0 reshuffles the same batch (with its proximal logprobs) from a seeded order
+        orders = [list(range(len(batch)))]
+        for epoch in range(1, self.cfg.epochs):
+            orders.append(
+                random.Random(self.state.optimizer_step * 1000 + epoch).sample(orders[0], len(batch))
             )
-            outcomes.append(outcome)
+        outcomes = []
+        for epoch, order in enumerate(orders):
+            for lo in range(0, len(batch), chunk):
+                picked = order[lo : lo + chunk]
+                part = [batch[i] for i in picked]
+                lr = warmup_lr(self.cfg.lr, self.state.optimizer_step, self.cfg.warmup_steps)
+                self.engine.set_lr(lr)
+                stats = self.trainer.step(part, None if prox is None else [prox[i] for i in picked])
+                stats.lr = lr
+                if epoch == 0:
+                    keys = set(stats.keys)
+                    self.pending = [s for s in self.pending if s.key not in keys]
+                    self.trained.extend(stats.keys)
+                    self.state.samples_trained += len(part)
+                self.waiting_since = None
+                self.state.optimizer_step += 1
+                self.dirty = True
+                outcome = StepOutcome(stats=stats, version=self.state.version)
+                last_of_batch = epoch == len(orders) - 1 and lo + chunk >= len(batch)
+                if last_of_batch:
+                    self.state.batches += 1
+                if last_of_batch and self.state.batches % self.cfg.publish_every == 0:
+                    self.state.version += 1
+                    outcome.version = self.state.version
+                    if self.state.version % self.cfg.checkpoint_every == 0:
+                        outcome.committed = self.checkpoint()
+                    outcome.published = self.publish()
+                entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
+                ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
+                outcomes.append(outcome)
         return outcomes
 
     # --- persist ---

@@ -244,6 +244,10 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     minibatches: PosInt = 4
     """Shuffled optimizer steps per batch; > 1 makes the clip and the KL act (every step after the first
     moves away from the proximal policy, whose logprobs are taken once per batch)."""
+    epochs: Annotated[int, Meta(ge=1, le=64)] = 1
+    """Passes over each batch (each reshuffled into `minibatches` steps, against the batch's one
+    proximal policy, as PPO's epochs): more learning per sample where samples, not the learner's CPU,
+    are scarce."""
     publish_every: PosInt = 1
     """Batches between published versions (a version covers whole batches, so whole groups)."""
     warmup_steps: NonNegInt = 8
