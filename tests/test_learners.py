@@ -496,3 +496,28 @@ async def test_role_with_lora_and_two_minibatches(tmp_path: Path, kafka_config) 
     v2 = AutoModelForCausalLM.from_pretrained(weights[-1].uri).state_dict()
     assert set(v0) == set(v2)  # plain HF names: adapters merged
     assert any(not torch.equal(v0[n], v2[n]) for n in v0 if "q_proj" in n)
+
+
+async def test_two_epochs_pass_twice_over_one_batch(tmp_path: Path, kafka_config) -> None:
+    """epochs = 2, minibatches = 2: four optimizer steps over the same 6 samples, each sample once per
+    epoch (the second pass reshuffled), one version at the end, samples counted once."""
+    from learners import policy
+
+    config = role_config(tmp_path, kafka_config, minibatches=2, epochs=2)
+    root = Path(config.workdir) / "checkpoints" / "policy"
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
+        await send_batches(kafka_config, [sample_batch("l0", 3), sample_batch("l1", 3)])
+        await wait_for(lambda: len(ckpt.read_lineage(root)) == 4, 60, "four steps")
+        await wait_for(lambda: ckpt.latest_checkpoint(root) is not None and ckpt.load_state(
+            ckpt.latest_checkpoint(root)).version == 1, 60, "the batch's version checkpointed")  # fmt: skip
+        shutdown.set()
+    lineage = ckpt.read_lineage(root)
+    assert [e["version"] for e in lineage] == [0, 0, 0, 1]
+    assert [e.get("epoch", 0) for e in lineage] == [0, 0, 1, 1]
+    first = [k for e in lineage[:2] for k in e["keys"]]
+    second = [k for e in lineage[2:] for k in e["keys"]]
+    assert sorted(first) == sorted(second) == sorted(f"l{g}/{i}/0" for g in range(2) for i in range(3))
+    assert first != second  # reshuffled
+    assert ckpt.load_state(ckpt.latest_checkpoint(root)).samples_trained == 6

@@ -239,6 +239,25 @@ def test_default_tiny_policy_answers_in_format_and_fails_for_planning_on_its_ban
     assert summary["invalid_rate"] <= 0.1, summary
 
 
+@pytest.mark.slow
+def test_default_tiny_reward_model_is_informative_on_the_policy_presets_steps():
+    """The default reward preset judges the policy preset's held-out steps better than chance, on
+    good and on bad steps alike (the former preset, trained on expert-vs-detour steps only, scored a
+    balanced 0.50-0.54 here: it called the expert's kind of step good, and the policy's are not)."""
+    from pipeline.evaluation import play_heldout, process_accuracy
+    from schemas.config import RunConfig
+
+    run = RunConfig()
+    policy = load_backend(run.policy_model, role="policy", workdir=WORKDIR)
+    judge = load_backend(run.reward_model, role="reward", workdir=WORKDIR)
+    played = play_heldout(policy, "household", run.scheduler.seed_difficulty, 12,
+                          temperature=run.policy_model.temperature, max_tokens=run.policy_model.max_new_tokens)  # fmt: skip
+    steps = [s for e in played for s in e.steps]
+    result = process_accuracy(judge, steps, m=1, temperature=0.0, max_tokens=run.judge.max_new_tokens)
+    assert result["steps"] >= 100 and result["unparseable"] == 0.0, result
+    assert result["balanced_accuracy"] >= 0.62 and 0.2 <= result["said_good"] <= 0.8, result
+
+
 def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
     policy = prepare_preset(TINY, role="policy", workdir=WORKDIR)
     for tok_dir in policy.parent.glob("tokenizer-*"):
