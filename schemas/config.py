@@ -261,6 +261,16 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     poll_timeout_s: PosFloat = 1.0
 
 
+class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
+    """The policy learner's section: its own defaults live in the class (as the reward model's), so a
+    file that sets one field keeps the others."""
+
+    epochs: Annotated[int, Meta(ge=1, le=64)] = 4
+    """4: in a 12-minute `up` (one run each, same commit, 200 held-out tasks per level) level 4 0.49
+    [0.42, 0.56] and level 6 0.21, against 0.40 [0.34, 0.47] and 0.15 with one pass (the preset:
+    0.44 and 0.28); samples, not the learner's CPU, are what the loop lacks. One seed each."""
+
+
 class RunConfig(Config, frozen=True, kw_only=True):
     """Everything one `forgestream up` needs; each role reads its own section."""
 
@@ -276,7 +286,7 @@ class RunConfig(Config, frozen=True, kw_only=True):
     forge: ForgeConfig = field(default_factory=ForgeConfig)
     env_model: EnvModelConfig = field(default_factory=EnvModelConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
-    policy_learner: LearnerConfig = field(default_factory=LearnerConfig)
+    policy_learner: PolicyLearnerConfig = field(default_factory=PolicyLearnerConfig)
     reward_learner: LearnerConfig = field(default_factory=LearnerConfig)
     seed: NonNegInt = 0
 

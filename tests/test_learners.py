@@ -248,6 +248,7 @@ def role_config(tmp_path: Path, kafka_config, **learner):
         micro_batch_tokens=64,
         poll_timeout_s=0.3,
         minibatches=1,
+        epochs=1,
         warmup_steps=0,
         batch_wait_s=0.0,
     )
