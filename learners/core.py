@@ -25,6 +25,7 @@ import copy
 import random
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -185,6 +186,28 @@ class Trainer:
         out = self.engine.module(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
         return out.logits.sum() * 0.0
 
+    def batch_steps(self, batch: list[TrainSample], *, first_step: int) -> Iterator[tuple[int, StepStats]]:
+        """Train one batch: proximal logprobs once, then `minibatches` steps per epoch over `epochs`
+        seeded shuffles, the lr warmed up from optimizer step `first_step`; yields (epoch, stats)."""
+        cfg = self.cfg
+        prox = self.proximal(batch) if cfg.minibatches > 1 or cfg.epochs > 1 else None
+        chunk = -(-len(batch) // cfg.minibatches)
+        orders = [list(range(len(batch)))]  # epoch e > 0 reshuffles the same batch from a seeded order
+        for epoch in range(1, cfg.epochs):
+            orders.append(random.Random(first_step * 1000 + epoch).sample(orders[0], len(batch)))
+        n = first_step
+        for epoch, order in enumerate(orders):
+            for lo in range(0, len(batch), chunk):
+                picked = order[lo : lo + chunk]
+                lr = warmup_lr(cfg.lr, n, cfg.warmup_steps)
+                self.engine.set_lr(lr)
+                stats = self.step(
+                    [batch[i] for i in picked], None if prox is None else [prox[i] for i in picked]
+                )
+                stats.lr = lr
+                n += 1
+                yield epoch, stats
+
     def step(self, samples: list[TrainSample], prox: list[Tensor] | None = None) -> StepStats:
         """One optimizer step on `samples` (their batch-mean loss). `prox=None`: the proximal
         policy is the current one, so its logprobs are the current ones detached (one forward saved)."""
@@ -314,49 +337,35 @@ class Learner:
 
     def train_batch(self) -> list[StepOutcome]:
         """Train the next batch (whole groups, at least batch_samples samples): proximal logprobs once,
-        then `minibatches` optimizer steps over a seeded shuffle; a new version after every
+        then `minibatches` optimizer steps per epoch over seeded shuffles; a new version after every
         `publish_every` batches."""
         batch = whole_groups(self.pending, self.cfg.batch_samples)
         random.Random(self.state.optimizer_step).shuffle(batch)
-        several = self.cfg.minibatches > 1 or self.cfg.epochs > 1
-        prox = self.trainer.proximal(batch) if several else None
-        chunk = -(-len(batch) // self.cfg.minibatches)
-        # epoch e > 0 reshuffles the same batch (with its proximal logprobs) from a seeded order
-        orders = [list(range(len(batch)))]
-        for epoch in range(1, self.cfg.epochs):
-            orders.append(
-                random.Random(self.state.optimizer_step * 1000 + epoch).sample(orders[0], len(batch))
-            )
+        last = self.cfg.epochs * len(range(0, len(batch), -(-len(batch) // self.cfg.minibatches))) - 1
         outcomes = []
-        for epoch, order in enumerate(orders):
-            for lo in range(0, len(batch), chunk):
-                picked = order[lo : lo + chunk]
-                part = [batch[i] for i in picked]
-                lr = warmup_lr(self.cfg.lr, self.state.optimizer_step, self.cfg.warmup_steps)
-                self.engine.set_lr(lr)
-                stats = self.trainer.step(part, None if prox is None else [prox[i] for i in picked])
-                stats.lr = lr
-                if epoch == 0:
-                    keys = set(stats.keys)
-                    self.pending = [s for s in self.pending if s.key not in keys]
-                    self.trained.extend(stats.keys)
-                    self.state.samples_trained += len(part)
-                self.waiting_since = None
-                self.state.optimizer_step += 1
-                self.dirty = True
-                outcome = StepOutcome(stats=stats, version=self.state.version)
-                last_of_batch = epoch == len(orders) - 1 and lo + chunk >= len(batch)
-                if last_of_batch:
-                    self.state.batches += 1
-                if last_of_batch and self.state.batches % self.cfg.publish_every == 0:
-                    self.state.version += 1
-                    outcome.version = self.state.version
-                    if self.state.version % self.cfg.checkpoint_every == 0:
-                        outcome.committed = self.checkpoint()
-                    outcome.published = self.publish()
-                entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
-                ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
-                outcomes.append(outcome)
+        for i, (epoch, stats) in enumerate(
+            self.trainer.batch_steps(batch, first_step=self.state.optimizer_step)
+        ):
+            if epoch == 0:
+                keys = set(stats.keys)
+                self.pending = [s for s in self.pending if s.key not in keys]
+                self.trained.extend(stats.keys)
+                self.state.samples_trained += len(stats.keys)
+            self.waiting_since = None
+            self.state.optimizer_step += 1
+            self.dirty = True
+            outcome = StepOutcome(stats=stats, version=self.state.version)
+            if i == last:
+                self.state.batches += 1
+            if i == last and self.state.batches % self.cfg.publish_every == 0:
+                self.state.version += 1
+                outcome.version = self.state.version
+                if self.state.version % self.cfg.checkpoint_every == 0:
+                    outcome.committed = self.checkpoint()
+                outcome.published = self.publish()
+            entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
+            ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
+            outcomes.append(outcome)
         return outcomes
 
     # --- persist ---

@@ -131,7 +131,7 @@ def train_reward_model(
 
     from infra.models import load_trainable
     from learners.checkpoint import TrainSample
-    from learners.core import Trainer, warmup_lr
+    from learners.core import Trainer
     from learners.engine import build_engine
 
     model_cfg = msgspec.structs.replace(config.reward_model, preset=f"hf:{folder}")
@@ -155,19 +155,14 @@ def train_reward_model(
     ]
     rng = random.Random(seed)
     losses: list[float] = []
-    # as the live learner: batches of batch_samples, proximal logprobs once per batch, `minibatches`
-    # steps, warm-up. One step per minibatch with the proximal policy taken at each step (the former
-    # loop) never clipped: 74 steps from the preset left a model that answered `\-----` to every prompt.
-    step = -(-cfg.batch_samples // cfg.minibatches)
+    # batch by batch as the live learner (proximal once per batch, minibatches, warm-up): one step
+    # per minibatch with the proximal taken at each step never clipped, and 74 steps from the
+    # preset left a model that answered `\-----` to every prompt
     for _ in range(epochs):
         rng.shuffle(train)
         for lo in range(0, len(train), cfg.batch_samples):
-            batch = train[lo : lo + cfg.batch_samples]
-            prox = trainer.proximal(batch) if cfg.minibatches > 1 else None
-            for mlo in range(0, len(batch), step):
-                trainer.engine.set_lr(warmup_lr(cfg.lr, len(losses), cfg.warmup_steps))
-                part_prox = None if prox is None else prox[mlo : mlo + step]
-                losses.append(trainer.step(batch[mlo : mlo + step], part_prox).loss)
+            steps = trainer.batch_steps(train[lo : lo + cfg.batch_samples], first_step=len(losses))
+            losses += [stats.loss for _, stats in steps]
     return model, tokenizer, losses
 
 
