@@ -92,6 +92,7 @@ async def test_send_refuses_invalid_or_mistyped_events(kafka_config: KafkaConfig
         with pytest.raises(ValueError):
             await bus.metric("learner/policy/loss", float("nan"))
         await bus.metric("learner/policy/loss", 0.25, step=3, model="policy")
+        await bus.flush()
         (m,) = await bus.read_topic(T.METRICS)
         assert (m.key, m.value.role, m.value.name, m.value.value, m.value.step) == (
             "test",
