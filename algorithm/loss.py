@@ -7,7 +7,8 @@ Three policies meet here (DESIGN section 2, "off-policy correction"):
 The clip acts on ratio = pi/pi_prox, so the trust region is around the proximal policy however
 stale the behaviour policy was; the importance weight w = min(pi_prox/pi_behav, is_cap) corrects
 the off-policy sampling and is a constant (detached). With behav == prox, w == 1 and this is plain
-PPO-clip plus the KL term.
+PPO-clip plus the KL term. Optionally a fourth, the reference (the start weights), anchors a long run
+with a second k3-KL term, as TRL's and verl's reference KL.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def policy_loss(
     clip: float = 0.2,
     kl_coef: float = 0.01,
     is_cap: float = 2.0,
+    ref_logp: Tensor | None = None,
+    ref_kl_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of a batch of samples and its diagnostics.
 
@@ -34,16 +37,20 @@ def policy_loss(
     Per token: `-w * min(ratio * A, clamp(ratio, 1 - clip, 1 + clip) * A) + kl_coef * k3`, with
     ratio = exp(logp - prox), w = min(exp(prox - behav), is_cap) (detached) and
     k3 = exp(prox - logp) - (prox - logp) - 1 (>= 0, an unbiased estimate of KL(current || prox)).
+    With `ref_logp` ([B, T], the reference policy's logprobs) the per-token loss adds
+    `ref_kl_coef * k3_ref`, k3_ref = exp(ref - logp) - (ref - logp) - 1 (KL(current || reference)).
     The loss is the masked token mean per sample, then the mean over samples that have at least
     one response token (0 if none has).
 
     Diagnostics (floats, over all response tokens of the batch): clip_fraction (|ratio - 1| > clip),
     is_weight_mean, is_weight_max (of the truncated weight), is_truncated_fraction (raw weight >
-    is_cap), kl (mean k3), ratio_mean; advantage_mean over the samples counted in the loss.
+    is_cap), kl (mean k3), ref_kl (mean k3_ref, 0 without a reference), ratio_mean; advantage_mean
+    over the samples counted in the loss.
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
-    for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("mask", mask)):
+    named = [("prox_logp", prox_logp), ("behav_logp", behav_logp), ("mask", mask)]
+    for name, t in named + ([("ref_logp", ref_logp)] if ref_logp is not None else []):
         if t.shape != logp.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
     if advantages.dim() == 1:
@@ -66,6 +73,12 @@ def policy_loss(
     weight = torch.clamp(raw_weight, max=is_cap)
     k3 = torch.exp(-log_ratio) + log_ratio - 1.0
     per_token = -weight * surrogate + kl_coef * k3
+    if ref_logp is not None:
+        ref_log_ratio = logp - ref_logp.detach()
+        k3_ref = torch.exp(-ref_log_ratio) + ref_log_ratio - 1.0
+        per_token = per_token + ref_kl_coef * k3_ref
+    else:
+        k3_ref = torch.zeros_like(k3)
 
     tokens_per_sample = mask.sum(dim=1)
     has_tokens = tokens_per_sample > 0
@@ -89,6 +102,7 @@ def policy_loss(
             "is_weight_max": float(weight[selected].max()) if n_tokens > 0 else 0.0,
             "is_truncated_fraction": token_mean((raw_weight > is_cap).to(logp.dtype)),
             "kl": token_mean(k3),
+            "ref_kl": token_mean(k3_ref),
             "ratio_mean": token_mean(ratio),
             "advantage_mean": (
                 float((token_adv * mask).sum(dim=1)[has_tokens].div(tokens_per_sample[has_tokens]).mean())

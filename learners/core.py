@@ -130,6 +130,7 @@ def pad(rows: list[Tensor] | list[list[float]], width: int) -> Tensor:
 class StepStats:
     loss: float = 0.0
     kl: float = 0.0
+    ref_kl: float = 0.0
     clip_fraction: float = 0.0
     is_weight_mean: float = 0.0
     grad_norm: float = 0.0
@@ -147,12 +148,16 @@ class StepStats:
 class Trainer:
     """Decoupled-PPO updates on an Engine (blocking; call it from a worker thread)."""
 
-    def __init__(self, engine: Engine, cfg: LearnerConfig, temperature: float) -> None:
+    def __init__(
+        self, engine: Engine, cfg: LearnerConfig, temperature: float, reference: torch.nn.Module | None = None
+    ) -> None:
+        """`reference`: frozen start weights for the reference KL (`cfg.ref_kl_coef` > 0), else None."""
         self.engine, self.cfg, self.temperature = engine, cfg, temperature
+        self.reference = reference if cfg.ref_kl_coef > 0 else None
 
-    def logprobs(self, samples: list[TrainSample]) -> list[Tensor]:
+    def logprobs(self, samples: list[TrainSample], module: torch.nn.Module | None = None) -> list[Tensor]:
         return sequence_logprobs(
-            self.engine.module,
+            self.engine.module if module is None else module,
             [s.prompt_ids for s in samples],
             [s.response_ids for s in samples],
             self.temperature,
@@ -160,12 +165,16 @@ class Trainer:
 
     def proximal(self, samples: list[TrainSample]) -> list[Tensor]:
         """Logprobs under the weights before this batch's updates, micro-batched, no grad."""
+        return self._frozen_logprobs(samples, None)
+
+    def _frozen_logprobs(self, samples: list[TrainSample], module: torch.nn.Module | None) -> list[Tensor]:
+        """Micro-batched logprobs without grad under `module` (None: the trained weights as they are)."""
         out: list[Tensor | None] = [None] * len(samples)
         with torch.no_grad():
             for mb in self._aligned(pack_micro_batches(self._lengths(samples), self.cfg.micro_batch_tokens)):
-                if not mb:  # ZeRO-3 gathers parameters collectively in every forward
+                if not mb and module is None:  # ZeRO-3 gathers parameters collectively in every forward
                     self._zero_loss()
-                for i, lp in zip(mb, self.logprobs([samples[i] for i in mb]), strict=True):
+                for i, lp in zip(mb, self.logprobs([samples[i] for i in mb], module), strict=True):
                     out[i] = lp.detach()
         return out  # type: ignore[return-value]
 
@@ -191,6 +200,7 @@ class Trainer:
         seeded shuffles, the lr warmed up from optimizer step `first_step`; yields (epoch, stats)."""
         cfg = self.cfg
         prox = self.proximal(batch) if cfg.minibatches > 1 or cfg.epochs > 1 else None
+        ref = self._frozen_logprobs(batch, self.reference) if self.reference is not None else None
         chunk = -(-len(batch) // cfg.minibatches)
         orders = [list(range(len(batch)))]  # epoch e > 0 reshuffles the same batch from a seeded order
         for epoch in range(1, cfg.epochs):
@@ -202,15 +212,20 @@ class Trainer:
                 lr = warmup_lr(cfg.lr, n, cfg.warmup_steps)
                 self.engine.set_lr(lr)
                 stats = self.step(
-                    [batch[i] for i in picked], None if prox is None else [prox[i] for i in picked]
+                    [batch[i] for i in picked],
+                    None if prox is None else [prox[i] for i in picked],
+                    None if ref is None else [ref[i] for i in picked],
                 )
                 stats.lr = lr
                 n += 1
                 yield epoch, stats
 
-    def step(self, samples: list[TrainSample], prox: list[Tensor] | None = None) -> StepStats:
+    def step(
+        self, samples: list[TrainSample], prox: list[Tensor] | None = None, ref: list[Tensor] | None = None
+    ) -> StepStats:
         """One optimizer step on `samples` (their batch-mean loss). `prox=None`: the proximal
-        policy is the current one, so its logprobs are the current ones detached (one forward saved)."""
+        policy is the current one, so its logprobs are the current ones detached (one forward saved).
+        `ref`: the reference policy's logprobs of each sample (the reference KL term), or None."""
         start = time.perf_counter()
         cfg, n = self.cfg, len(samples)
         stats = StepStats(samples=n, tokens=sum(self._lengths(samples)), keys=[s.key for s in samples])
@@ -227,14 +242,16 @@ class Trainer:
             behav = pad([s.behaviour_logprobs for s in group], width)
             mask = pad([[1.0] * len(s.response_ids) for s in group], width)
             adv = torch.tensor([s.advantage for s in group], dtype=torch.float32)
-            loss, diag = policy_loss(logp, prox_t, behav, adv, mask, cfg.clip, cfg.kl_coef, cfg.is_cap)
+            ref_t = None if ref is None else pad([ref[i] for i in mb], width)
+            loss, diag = policy_loss(logp, prox_t, behav, adv, mask, cfg.clip, cfg.kl_coef, cfg.is_cap,
+                                     ref_logp=ref_t, ref_kl_coef=cfg.ref_kl_coef)  # fmt: skip
             self.engine.backward(loss * (len(mb) / n))  # batch mean = sample-weighted micro-batch means
             ntok = int(mask.sum())
             stats.loss += float(loss.detach()) * len(mb) / n
-            for name in ("kl", "clip_fraction", "is_weight_mean"):
+            for name in ("kl", "ref_kl", "clip_fraction", "is_weight_mean"):
                 setattr(stats, name, getattr(stats, name) + diag[name] * ntok)
             tokens_seen += ntok
-        for name in ("kl", "clip_fraction", "is_weight_mean"):
+        for name in ("kl", "ref_kl", "clip_fraction", "is_weight_mean"):
             setattr(stats, name, getattr(stats, name) / max(tokens_seen, 1))
         stats.grad_norm = self.engine.step()
         stats.seconds = time.perf_counter() - start
@@ -282,7 +299,11 @@ class Learner:
         if latest is not None:
             self.engine.load_optimizer_state(ckpt.load_optimizer_tensors(latest), self.state.optimizer_step)
             ckpt.append_journal(self.root, {"restored_step": self.state.optimizer_step, "from": latest.name})
-        self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature)
+        reference = None
+        if self.cfg.ref_kl_coef > 0:  # the start weights, frozen (a restart reloads them from the preset)
+            reference, _ = load_trainable(spec.model, role=spec.name, workdir=workdir)
+            reference.eval().requires_grad_(False)
+        self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature, reference)
         self.trained = deque(self.state.trained_keys, maxlen=MAX_TRAINED_KEYS)
         self.seen = set(self.trained) | {s.key for s in self.state.pending}
         self.pending: list[TrainSample] = list(self.state.pending)
@@ -455,6 +476,7 @@ async def _report(bus: Bus, consumer: Any, name: str, outcome: StepOutcome) -> N
     for metric, value in (
         ("loss", s.loss),
         ("kl", s.kl),
+        ("ref_kl", s.ref_kl),
         ("clip_fraction", s.clip_fraction),
         ("is_weight_mean", s.is_weight_mean),
         ("lr", s.lr),

@@ -140,7 +140,11 @@ def train_reward_model(
     model, tokenizer = load_trainable(model_cfg, role="reward", workdir=Path(config.workdir))
     model.eval()
     cfg = config.reward_learner
-    trainer = Trainer(build_engine(model, cfg), cfg, model_cfg.temperature)
+    reference = None
+    if cfg.ref_kl_coef > 0:  # the weights replay starts from, frozen, as the live learner's reference
+        reference, _ = load_trainable(model_cfg, role="reward", workdir=Path(config.workdir))
+        reference.eval().requires_grad_(False)
+    trainer = Trainer(build_engine(model, cfg), cfg, model_cfg.temperature, reference)
     train = [
         TrainSample(
             key=s.sample_key,

@@ -232,6 +232,10 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     grad_clip: PosFloat = 1.0
     clip: Fraction = 0.2
     kl_coef: NonNegFloat = 0.01
+    """k3-KL to the proximal policy (the weights before this batch), the released code's 0.01."""
+    ref_kl_coef: NonNegFloat = 0.0
+    """k3-KL to the start weights (the preset), as TRL's and verl's reference KL; 0 = none. Costs one
+    more forward per sample and a second copy of the model."""
     is_cap: PosFloat = 2.0
     """Truncation of the importance weight π_prox/π_behaviour."""
     eta: NonNegInt = 2

@@ -292,6 +292,25 @@ def test_policy_loss_hand_computed() -> None:
     assert torch.all(logp.grad[mask == 0] == 0)
 
 
+def test_policy_loss_reference_kl_hand_computed() -> None:
+    logp, prox, behav, advantages, mask = _hand_batch()
+    ref = logp.detach() - math.log(2.0)  # the current policy puts twice the reference's mass on every token
+    loss, diag = policy_loss(logp, prox, behav, advantages, mask, clip=0.2, kl_coef=0.01, is_cap=2.0,
+                             ref_logp=ref, ref_kl_coef=0.1)  # fmt: skip
+    # k3_ref = exp(ref - logp) - (ref - logp) - 1 = 0.5 + ln 2 - 1 = 0.193147 on every token, so each
+    # counted sample's token mean gains 0.1 * 0.193147 = 0.019315: 0.388326 + 0.019315 = 0.407641
+    assert loss.item() == approx(0.407641, abs=1e-6)
+    assert diag["ref_kl"] == approx(0.193147, abs=1e-6)
+    loss.backward()
+    # d/dlogp of 0.1 * k3_ref = 0.1 * (1 - exp(ref - logp)) = 0.05 per token, / 3 tokens of sample 1, / 2 samples
+    plain = _hand_batch()[0]
+    base, _ = policy_loss(plain, prox, behav, advantages, mask, clip=0.2, kl_coef=0.01, is_cap=2.0)
+    base.backward()
+    assert (logp.grad - plain.grad)[1, 0].item() == approx(0.05 / 3 / 2, abs=1e-9)
+    _, without = policy_loss(logp, prox, behav, advantages, mask)
+    assert without["ref_kl"] == 0.0
+
+
 def test_policy_loss_token_advantages_and_empty() -> None:
     logp, prox, behav, advantages, mask = _hand_batch()
     per_token = advantages.unsqueeze(1).expand(-1, 3).clone()

@@ -158,6 +158,25 @@ def test_minibatches_make_the_clip_act() -> None:
     assert second.clip_fraction > 0.0 and second.kl > 0.0
 
 
+def test_reference_kl_holds_the_start_weights() -> None:
+    """With a reference (the start weights) the KL to it is 0 before any update and grows after, and
+    the same updates move the logprobs less than without it."""
+    batch = fixed_batch()
+    moved = {}
+    for coef in (0.0, 5.0):
+        model, reference = tiny_llama(0), tiny_llama(0).eval().requires_grad_(False)
+        cfg = learner_config(lr=3e-3, minibatches=2, ref_kl_coef=coef)
+        trainer = Trainer(TorchEngine(model, cfg), cfg, 0.8, reference)
+        before = torch.cat(response_logprobs(model, batch))
+        stats = [s for _ in range(3) for _, s in trainer.batch_steps(batch, first_step=0)]
+        if coef:
+            assert stats[0].ref_kl == pytest.approx(0.0, abs=1e-7) and stats[-1].ref_kl > 1e-4
+        else:
+            assert trainer.reference is None and all(s.ref_kl == 0.0 for s in stats)
+        moved[coef] = float((torch.cat(response_logprobs(model, batch)) - before).abs().mean())
+    assert moved[5.0] < moved[0.0], moved
+
+
 def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
     """Model + optimizer restored from safetensors: the next step equals the uninterrupted run's."""
     cfg, batch = learner_config(), fixed_batch()
