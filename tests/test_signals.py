@@ -87,8 +87,10 @@ A_POLICY = {
 A_REWARD = {"A/0/1/0": (1.0, 1.0), "A/0/1/1": (-1.0, -1.0), "A/2/0/0": (1.5, 1.0), "A/2/0/1": (-2.0, -1.0)}
 # Group B (n=2, both succeed): R = [2], [1] -> advantages +1, -1; accuracy 1.0 -> no reward samples.
 B_POLICY = {"B/0/0": (2.0, 1.0), "B/1/0": (1.0, -1.0)}
+# The numbers above leave each sample's advantage as it is (episode weighting off).
+UNWEIGHTED = SignalsConfig(episode_weighting=False)
 # The role tests open the policy group filter (default: accuracy in [1/8, 7/8]) so that B trains.
-OPEN = SignalsConfig(group_timeout_s=60.0, policy_acc_low=0.0, policy_acc_high=1.0)
+OPEN = SignalsConfig(group_timeout_s=60.0, policy_acc_low=0.0, policy_acc_high=1.0, episode_weighting=False)
 
 
 def group_a() -> list[JudgedTrajectory]:
@@ -106,7 +108,7 @@ def group_b(request_id: str = "B", task: TaskSpec = TASK) -> list[JudgedTrajecto
 def test_build_samples_matches_hand_computed_numbers() -> None:
     group = signals.Group("A", TASK, 3, opened_at=0.0)
     group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
-    policy, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
+    policy, reward, _ = build_samples(group.request_id, group.ordered(), UNWEIGHTED)
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == A_POLICY
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD
     first = next(s for s in policy.samples if s.sample_key == "A/2/0")
@@ -115,9 +117,25 @@ def test_build_samples_matches_hand_computed_numbers() -> None:
     assert (rm.prompt_token_ids, rm.reward_version) == ([2, 0, 1], 2)
 
 
+def test_default_weighs_every_episode_the_same() -> None:
+    """Episode weighting (the default): a rollout's advantages times 6 steps / (3 rollouts * its length),
+    so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards and the reward samples unchanged."""
+    group = signals.Group("A", TASK, 3, opened_at=0.0)
+    group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
+    policy, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == {
+        "A/0/0": (2.0, 0.852483),  # 1.278724 * 2/3
+        "A/1/0": (0.0, -0.116248),
+        "A/2/0": (-1.5, -2.324953),  # -1.1624764 * 2
+        "A/0/1": (1.0, 0.666667),
+        "A/1/1": (-2.0, -1.0),
+    }
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD
+
+
 def test_default_filter_trains_no_policy_step_on_an_all_success_group() -> None:
     group = group_b()
-    policy, reward, signals_ = build_samples("B", group, SignalsConfig())
+    policy, reward, signals_ = build_samples("B", group, UNWEIGHTED)
     assert policy.samples == [] and reward.samples == [] and signals_.policy_dropped_group == 2
     opened, _, _ = build_samples("B", group, OPEN)
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in opened.samples} == B_POLICY
@@ -139,7 +157,7 @@ def test_code_domain_scores_replace_consistency_rewards() -> None:
         ]
         rollouts.append(msgspec.structs.replace(j, steps=steps))
     group.rollouts = {j.trajectory.rollout_index: j for j in rollouts}
-    _, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
+    _, reward, _ = build_samples(group.request_id, group.ordered(), UNWEIGHTED)
     # every step: scores [0, 3] -> mean 1.5, std 1.5 -> advantages [-1, +1], whatever R and the verdicts
     assert len(reward.samples) == 2 * 6
     assert {(s.sample_key[-1], s.reward, s.advantage) for s in reward.samples} == {
