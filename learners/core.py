@@ -152,6 +152,10 @@ class Trainer:
         self, engine: Engine, cfg: LearnerConfig, temperature: float, reference: torch.nn.Module | None = None
     ) -> None:
         """`reference`: frozen start weights for the reference KL (`cfg.ref_kl_coef` > 0), else None."""
+        if cfg.ref_kl_coef > 0 and reference is None:
+            raise ValueError(
+                f"ref_kl_coef = {cfg.ref_kl_coef} needs the reference weights (set it to 0 for none)"
+            )
         self.engine, self.cfg, self.temperature = engine, cfg, temperature
         self.reference = reference if cfg.ref_kl_coef > 0 else None
 

@@ -175,6 +175,10 @@ def test_reference_kl_holds_the_start_weights() -> None:
             assert trainer.reference is None and all(s.ref_kl == 0.0 for s in stats)
         moved[coef] = float((torch.cat(response_logprobs(model, batch)) - before).abs().mean())
     assert moved[5.0] < moved[0.0], moved
+    with pytest.raises(ValueError, match="ref_kl_coef"):  # a coefficient without weights is a config error
+        Trainer(
+            TorchEngine(tiny_llama(0), learner_config(ref_kl_coef=0.1)), learner_config(ref_kl_coef=0.1), 0.8
+        )
 
 
 def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
