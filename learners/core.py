@@ -126,6 +126,16 @@ def pad(rows: list[Tensor] | list[list[float]], width: int) -> Tensor:
     return out
 
 
+def reference_weights(
+    model: ModelConfig, cfg: LearnerConfig, *, role: Literal["policy", "reward"], workdir: Path
+) -> torch.nn.Module | None:
+    """The start weights, frozen, for the reference KL (`cfg.ref_kl_coef` > 0), else None."""
+    if cfg.ref_kl_coef <= 0:
+        return None
+    reference, _ = load_trainable(model, role=role, workdir=workdir)
+    return reference.eval().requires_grad_(False)
+
+
 @dataclass
 class StepStats:
     loss: float = 0.0
@@ -303,10 +313,8 @@ class Learner:
         if latest is not None:
             self.engine.load_optimizer_state(ckpt.load_optimizer_tensors(latest), self.state.optimizer_step)
             ckpt.append_journal(self.root, {"restored_step": self.state.optimizer_step, "from": latest.name})
-        reference = None
-        if self.cfg.ref_kl_coef > 0:  # the start weights, frozen (a restart reloads them from the preset)
-            reference, _ = load_trainable(spec.model, role=spec.name, workdir=workdir)
-            reference.eval().requires_grad_(False)
+        # a restart reloads the reference from the preset: the start weights, not the checkpoint's
+        reference = reference_weights(spec.model, self.cfg, role=spec.name, workdir=workdir)
         self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature, reference)
         self.trained = deque(self.state.trained_keys, maxlen=MAX_TRAINED_KEYS)
         self.seen = set(self.trained) | {s.key for s in self.state.pending}

@@ -131,7 +131,7 @@ def train_reward_model(
 
     from infra.models import load_trainable
     from learners.checkpoint import TrainSample
-    from learners.core import Trainer
+    from learners.core import Trainer, reference_weights
     from learners.engine import build_engine
 
     model_cfg = msgspec.structs.replace(config.reward_model, preset=f"hf:{folder}")
@@ -140,10 +140,8 @@ def train_reward_model(
     model, tokenizer = load_trainable(model_cfg, role="reward", workdir=Path(config.workdir))
     model.eval()
     cfg = config.reward_learner
-    reference = None
-    if cfg.ref_kl_coef > 0:  # the weights replay starts from, frozen, as the live learner's reference
-        reference, _ = load_trainable(model_cfg, role="reward", workdir=Path(config.workdir))
-        reference.eval().requires_grad_(False)
+    # the reference KL anchors to the weights replay starts from
+    reference = reference_weights(model_cfg, cfg, role="reward", workdir=Path(config.workdir))
     trainer = Trainer(build_engine(model, cfg), cfg, model_cfg.temperature, reference)
     train = [
         TrainSample(
