@@ -209,9 +209,12 @@ class Trainer:
         out = self.engine.module(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
         return out.logits.sum() * 0.0
 
-    def batch_steps(self, batch: list[TrainSample], *, first_step: int) -> Iterator[tuple[int, StepStats]]:
+    def batch_steps(
+        self, batch: list[TrainSample], *, first_step: int
+    ) -> Iterator[tuple[int, bool, StepStats]]:
         """Train one batch: proximal logprobs once, then `minibatches` steps per epoch over `epochs`
-        seeded shuffles, the lr warmed up from optimizer step `first_step`; yields (epoch, stats)."""
+        seeded shuffles, the lr warmed up from optimizer step `first_step`; yields (epoch, whether
+        this is the batch's last step, stats)."""
         cfg = self.cfg
         prox = self.proximal(batch) if cfg.minibatches > 1 or cfg.epochs > 1 else None
         ref = self._frozen_logprobs(batch, self.reference) if self.reference is not None else None
@@ -232,7 +235,7 @@ class Trainer:
                 )
                 stats.lr = lr
                 n += 1
-                yield epoch, stats
+                yield epoch, epoch == len(orders) - 1 and lo + chunk >= len(batch), stats
 
     def step(
         self, samples: list[TrainSample], prox: list[Tensor] | None = None, ref: list[Tensor] | None = None
@@ -374,11 +377,8 @@ class Learner:
         `publish_every` batches."""
         batch = whole_groups(self.pending, self.cfg.batch_samples)
         random.Random(self.state.optimizer_step).shuffle(batch)
-        last = self.cfg.epochs * len(range(0, len(batch), -(-len(batch) // self.cfg.minibatches))) - 1
         outcomes = []
-        for i, (epoch, stats) in enumerate(
-            self.trainer.batch_steps(batch, first_step=self.state.optimizer_step)
-        ):
+        for epoch, last, stats in self.trainer.batch_steps(batch, first_step=self.state.optimizer_step):
             if epoch == 0:
                 keys = set(stats.keys)
                 self.pending = [s for s in self.pending if s.key not in keys]
@@ -388,9 +388,9 @@ class Learner:
             self.state.optimizer_step += 1
             self.dirty = True
             outcome = StepOutcome(stats=stats, version=self.state.version)
-            if i == last:
+            if last:
                 self.state.batches += 1
-            if i == last and self.state.batches % self.cfg.publish_every == 0:
+            if last and self.state.batches % self.cfg.publish_every == 0:
                 self.state.version += 1
                 outcome.version = self.state.version
                 if self.state.version % self.cfg.checkpoint_every == 0:

@@ -164,7 +164,7 @@ def train_reward_model(
         rng.shuffle(train)
         for lo in range(0, len(train), cfg.batch_samples):
             steps = trainer.batch_steps(train[lo : lo + cfg.batch_samples], first_step=len(losses))
-            losses += [stats.loss for _, stats in steps]
+            losses += [stats.loss for _, _, stats in steps]
     return model, tokenizer, losses
 
 

@@ -168,7 +168,7 @@ def test_reference_kl_holds_the_start_weights() -> None:
         cfg = learner_config(lr=3e-3, minibatches=2, ref_kl_coef=coef)
         trainer = Trainer(TorchEngine(model, cfg), cfg, 0.8, reference)
         before = torch.cat(response_logprobs(model, batch))
-        stats = [s for _ in range(3) for _, s in trainer.batch_steps(batch, first_step=0)]
+        stats = [s for _ in range(3) for _, _, s in trainer.batch_steps(batch, first_step=0)]
         if coef:
             assert stats[0].ref_kl == pytest.approx(0.0, abs=1e-7) and stats[-1].ref_kl > 1e-4
         else:
