@@ -1,8 +1,8 @@
 """Playing tasks with any generation backend, recording what the reward model would judge.
 
 One home for the loop "prompt every live episode, step it with the backend's answer, record the
-step's judge prompt and the environment's own step label (`step_is_progress`, None where the
-domain has none)". Held-out evaluation plays held-out tasks with it; the reward model's bootstrap
+step's judge prompt and the environment's own step label (`step_is_progress`, or the episode's
+`last_step_progress` where it keeps what that needs; None where the domain has neither)". Held-out evaluation plays held-out tasks with it; the reward model's bootstrap
 plays training tasks with the policy preset, so the reward model learns on the steps it will judge.
 The backend is anything with the generation backends' `generate(prompts, temperature=,
 max_tokens=, seed=)`.
@@ -60,8 +60,12 @@ def play_tasks(
         for i, group in zip(live, outs, strict=True):
             response, episode = group[0].text, episodes[i]
             context = episode.judge_context(len(history[i]))
-            label = progress(tasks[i], history[i], response) if progress is not None else None
+            # an episode that labels its own last step saves replaying the history (TextWorld)
+            own_label = getattr(episode, "last_step_progress", None)
+            label = progress(tasks[i], history[i], response) if progress and not own_label else None
             result = episode.step(response)
+            if own_label is not None:
+                label = own_label()
             history[i].append(response)
             records[i].steps.append(
                 PlayedStep(

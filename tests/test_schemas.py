@@ -335,3 +335,20 @@ def test_environment_values_for_text_fields_are_taken_verbatim() -> None:
         load_config(environ={"FORGESTREAM_POLICY_LEARNER__LR": "fast"})
     with pytest.raises(ConfigError, match="no_such_field"):
         load_config(environ={"FORGESTREAM_KAFKA__NO_SUCH_FIELD": "1"})
+
+
+def test_a_domain_flag_is_also_the_presets_bootstrap_domain() -> None:
+    """`up` / `eval` / `prepare --domain X` bootstrap the tiny presets on X (a household preset answered
+    TextWorld out of format), and `up` hands that to its roles as an environment override they parse."""
+    import json
+
+    from app.cli import domain_flags
+    from infra.config import load_config
+
+    assert load_config(environ={}).policy_model.bootstrap_domains == ("household",)
+    cfg = load_config(environ={}, flags=domain_flags("textworld"))
+    assert cfg.scheduler.domain == "textworld"
+    assert cfg.policy_model.bootstrap_domains == cfg.reward_model.bootstrap_domains == ("textworld",)
+    role_env = {"FORGESTREAM_POLICY_MODEL__BOOTSTRAP_DOMAINS": json.dumps(["textworld", "household"])}
+    assert load_config(environ=role_env).policy_model.bootstrap_domains == ("textworld", "household")
+    assert domain_flags(None) == {}

@@ -92,6 +92,16 @@ def test_the_walkthrough_wins_and_labels_steps(monkeypatch: pytest.MonkeyPatch, 
     useless = [i for i, c in enumerate(start.view.commands) if c.startswith("close ")]
     if useless:  # closing a container never shortens the walkthrough
         assert not env.step_is_progress(task, [], f"\\boxed{{{useless[0]}}}")
+    # the episode's own label of its last step (no replay) is the replayed one, step by step
+    walked, history = env.reset(task), []
+    detours = [f"\\boxed{{{useless[0]}}}" if useless else "\\boxed{99}", "oops"]
+    while not walked.done:  # two detours, then the walkthrough from wherever they led
+        answer = detours.pop(0) if detours else env.expert_response(walked)
+        replayed = env.step_is_progress(task, history, answer)
+        walked.step(answer)
+        history.append(answer)
+        assert walked.last_step_progress() == replayed
+    assert walked.outcome == 1 and walked.last_step_progress()
     # an invalid answer is a turn that counts, and the judge's context shows the numbered commands
     lost = env.reset(task)
     result = lost.step("no box here")
@@ -143,3 +153,20 @@ def test_variants_move_one_knob_one_notch_and_follow_the_critic() -> None:
         moved = [k for k in COOKING_KNOBS if harder.params[k] != task.params[k]]
         assert moved == [harder.params["origin"]]
         assert env.signature(harder) != env.signature(task)
+
+
+def test_bootstrap_draws_from_a_fixed_pool_of_games() -> None:
+    """Presets' bootstrap data come from `bootstrap_games` games on each of `bootstrap_levels` (a new game
+    is seconds of tw-make); household's bootstrap still draws a new task every time."""
+    from infra.models.bootstrap import _task
+
+    rng = random.Random(0)
+    tasks = [_task(TextWorldEnv(), rng) for _ in range(2000)]  # specs only: no game is generated here
+    levels = {t.difficulty for t in tasks}
+    assert levels == set(TextWorldEnv.bootstrap_levels) == {0, 1, 2, 3, 4}
+    for level in levels:
+        assert (
+            len({t.signature for t in tasks if t.difficulty == level}) == TextWorldEnv.bootstrap_games == 16
+        )
+    household = get_environment("household")
+    assert len({_task(household, rng).seed for _ in range(200)}) == 200

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from app.cli import ConfigOpt, app, build_config, fail
+from app.cli import ConfigOpt, app, build_config, domain_flags, fail
 
 
 def parse_levels(text: str) -> list[int]:
@@ -61,7 +61,10 @@ def evaluate(
     reward_model: Annotated[
         str | None, typer.Option(help="Also measure this reward model's process accuracy (same forms).")
     ] = None,
-    domain: Annotated[str | None, typer.Option(help="Task domain (default: the config's).")] = None,
+    domain: Annotated[
+        str | None,
+        typer.Option(help="Task domain, also the tiny presets' bootstrap domain (default: the config's)."),
+    ] = None,
     levels: Annotated[str, typer.Option(help="Difficulty levels, e.g. 0,2,4 or 0-3.")] = "0-2",
     tasks: Annotated[int, typer.Option(min=1, max=100_000, help="Held-out tasks per level.")] = 40,
     modes: Annotated[
@@ -78,7 +81,7 @@ def evaluate(
 ) -> None:
     """Held-out success per level (95 % Wilson interval, invalid answers, mean steps), sampled and
     greedy; with --reward-model, process accuracy against the environment's step labels."""
-    flags: dict[str, Any] = {"scheduler.domain": domain}
+    flags: dict[str, Any] = domain_flags(domain)
     if workdir is not None:
         flags["workdir"] = str(workdir)
     cfg = build_config(config, flags)

@@ -12,16 +12,20 @@ from typing import Annotated
 
 import typer
 
-from app.cli import ConfigOpt, app, build_config
+from app.cli import ConfigOpt, app, build_config, domain_flags
 
 
 @app.command()
 def prepare(
     config: ConfigOpt = None,
     workdir: Annotated[Path | None, typer.Option(help="Cache here when FORGESTREAM_HOME is unset.")] = None,
+    domain: Annotated[
+        str | None, typer.Option(help="Bootstrap the tiny presets on this domain (default: the config's).")
+    ] = None,
 ) -> None:
     """Build (or find cached) the policy and reward presets; print their folders."""
-    cfg = build_config(config, {} if workdir is None else {"workdir": str(workdir)})
+    flags = domain_flags(domain) | ({} if workdir is None else {"workdir": str(workdir)})
+    cfg = build_config(config, flags)
     from infra.models import prepare_run_models
 
     start = time.monotonic()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from app.cli import BootstrapOpt, ConfigOpt, app, build_config, fail
+from app.cli import BootstrapOpt, ConfigOpt, app, build_config, domain_flags, fail
 
 
 @app.command()
@@ -24,7 +25,10 @@ def up(
     bootstrap: BootstrapOpt = None,
     minutes: Annotated[float | None, typer.Option(min=0.05, help="Stop after this many minutes.")] = None,
     updates: Annotated[int | None, typer.Option(min=1, help="Stop after this many policy versions.")] = None,
-    domain: Annotated[str | None, typer.Option(help="household, arith or code.")] = None,
+    domain: Annotated[
+        str | None,
+        typer.Option(help="household, arith, code or textworld; also the tiny presets' bootstrap domain."),
+    ] = None,
     preset: Annotated[
         str | None, typer.Option(help="Policy model preset: tiny, smollm2-135m, hf:PATH.")
     ] = None,
@@ -67,7 +71,7 @@ def up(
     flags = {
         "workdir": str(workdir) if workdir is not None else None,  # unset: the config file's stands
         "kafka.bootstrap": bootstrap,
-        "scheduler.domain": domain,
+        **domain_flags(domain),
         "policy_model.preset": preset,
         "reward_model.preset": reward_preset,
     }
@@ -87,6 +91,8 @@ def up(
         "FORGESTREAM_SCHEDULER__DOMAIN": cfg.scheduler.domain,
         "FORGESTREAM_POLICY_MODEL__PRESET": cfg.policy_model.preset,
         "FORGESTREAM_REWARD_MODEL__PRESET": cfg.reward_model.preset,
+        "FORGESTREAM_POLICY_MODEL__BOOTSTRAP_DOMAINS": json.dumps(list(cfg.policy_model.bootstrap_domains)),
+        "FORGESTREAM_REWARD_MODEL__BOOTSTRAP_DOMAINS": json.dumps(list(cfg.reward_model.bootstrap_domains)),
     }
     options = UpOptions(
         config_path=str(config) if config else None,

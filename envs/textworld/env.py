@@ -81,6 +81,11 @@ def shown_commands(admissible: list[str]) -> list[str]:
     return sorted(set(keep))
 
 
+def made_progress(before: View, after: View) -> bool:
+    """A valid step from `before` to `after` is progress iff it wins or shortens the walkthrough."""
+    return after.won or len(after.walkthrough) < len(before.walkthrough)
+
+
 def knobs_of(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params[k] for k in COOKING_KNOBS}
 
@@ -172,6 +177,14 @@ class TextWorldEpisode:
             f"{said}\n{view.render()}", self.done, info={"action": command, "achieved": view.won}
         )
 
+    def last_step_progress(self) -> bool:
+        """The step label of the turn just played, read off the two walkthroughs it kept (what
+        `TextWorldEnv.step_is_progress` computes by replaying the history, without the replay: a
+        game start and a step per past turn, which made a bootstrap's labels cost minutes)."""
+        if not self.actions_taken:
+            raise RuntimeError("last_step_progress() before any step")
+        return self.actions_taken[-1] is not None and made_progress(self.views[-2], self.views[-1])
+
     @property
     def done(self) -> bool:
         return self.view.won or self.view.lost or len(self.actions_taken) >= self.max_steps
@@ -195,6 +208,11 @@ class TextWorldEnv:
 
     domain = "textworld"
     levels = len(LADDER)
+    # Bootstrap SFT (presets) draws its tasks from a fixed pool: a new game is 5-20 s of `tw-make`, and
+    # the policy preset alone plays ~3,000 episodes. 16 games on each of the first 5 rungs (walkthroughs
+    # of 3-9 steps) is 80 games, generated once into the cache (held-out games come from other seeds).
+    bootstrap_levels = range(5)
+    bootstrap_games = 16
 
     def __init__(self, max_steps: int = MAX_STEPS) -> None:
         self.max_steps = max_steps
@@ -257,11 +275,8 @@ class TextWorldEnv:
             episode.step(past)
         if episode.done:
             return False
-        before = len(episode.view.walkthrough)
-        result = episode.step(response)
-        if not result.valid_action:
-            return False
-        return episode.view.won or len(episode.view.walkthrough) < before
+        episode.step(response)
+        return episode.last_step_progress()
 
     def propose_variant(
         self, task: TaskSpec, direction: Direction, critic: CriticFeedback, rng: random.Random

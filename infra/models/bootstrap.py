@@ -46,8 +46,22 @@ def available_environments(domains: Iterable[str] | None = None) -> dict[str, An
     return out
 
 
+def _training_task(env: Any, level: int, rng: random.Random) -> Any:
+    """A training task of `level`. An env whose tasks are costly to build (TextWorld: a game is seconds
+    of the engine's generator) names `bootstrap_games`: its bootstrap draws from that many per level."""
+    games = getattr(env, "bootstrap_games", 0)
+    return env.sample_task(level, random.Random(rng.randrange(games)) if games else training_rng(rng))
+
+
+def _bootstrap_levels(env: Any) -> list[int]:
+    """The levels bootstrap data come from: all, or the env's `bootstrap_levels`."""
+    return list(getattr(env, "bootstrap_levels", range(env.levels)))
+
+
 def _task(env: Any, rng: random.Random) -> Any:
-    return env.sample_task(rng.randrange(env.levels), training_rng(rng))
+    levels = getattr(env, "bootstrap_levels", None)
+    level = rng.randrange(env.levels) if levels is None else rng.choice(list(levels))
+    return _training_task(env, level, rng)
 
 
 def _oracle_walk(env: Any, task: Any) -> Iterator[tuple[Any, int, str]]:
@@ -139,11 +153,14 @@ def _judge_example(
         return None
     context = episode.judge_context(len(history))
     progress = getattr(env, "step_is_progress", None)
-    if progress is not None:
+    own_label = getattr(episode, "last_step_progress", None)  # saves a replay where the episode has it
+    if own_label is None and progress is not None:
         label = bool(progress(task, history, response))
     else:
         label = response.strip() == best.strip()
     result = episode.step(response)
+    if own_label is not None:
+        label = own_label()
     return judge_prompt(context, response, result.observation), (1 if label else -1)
 
 
@@ -182,9 +199,10 @@ def rollout_examples(
     names = sorted(envs_by_domain)
     for start in range(0, episodes, ROLLOUT_PARALLEL):
         env = envs_by_domain[rng.choice(names)]
-        band = [level for level in levels if level < env.levels] or [env.levels - 1]
+        allowed = _bootstrap_levels(env)
+        band = [level for level in levels if level in allowed] or [allowed[-1]]
         count = min(ROLLOUT_PARALLEL, episodes - start)
-        tasks = [env.sample_task(rng.choice(band), training_rng(rng)) for _ in range(count)]
+        tasks = [_training_task(env, rng.choice(band), rng) for _ in range(count)]
         played = play_tasks(backend, env, tasks, temperature=temperature, max_tokens=max_tokens,
                             max_steps=max_steps, seed=seed + start * max_steps)  # fmt: skip
         for step in (s for e in played for s in e.steps):
@@ -266,9 +284,9 @@ def corpus_texts(domains: list[str], *, seed: int, tasks_per_level: int = 12) ->
     rng = random.Random(seed)
     for domain, env in sorted(available_environments(domains).items()):
         per_level = tasks_per_level if domain != "code" else 3  # code steps run the sandbox
-        for level in range(env.levels):
+        for level in _bootstrap_levels(env):
             for _ in range(per_level):
-                task = env.sample_task(level, training_rng(rng))
+                task = _training_task(env, level, rng)
                 for episode, _, response in _oracle_walk(env, task):
                     yield episode.prompt()
                     yield response
