@@ -40,14 +40,9 @@ def worker(bootstrap: str, prefix: str, store_url: str, bootstrap_seconds: float
     from infra.weights import WeightStore, WeightsWatcher
     from schemas.config import KafkaConfig, ModelConfig
 
+    # experiment: the watcher's long-poll wait bounds how soon a new event is seen
     wait_ms = os.environ.get("FANOUT_FETCH_MAX_WAIT_MS")
-    if wait_ms:  # experiment: the consumer's long-poll wait bounds how soon a new event is seen
-        import infra.bus
-
-        base = infra.bus.consumer_options
-        infra.bus.consumer_options = lambda kafka, group: (
-            base(kafka, group) | {"fetch_max_wait_ms": int(wait_ms)}
-        )
+    follow = {"follow_wait_s": int(wait_ms) / 1000} if wait_ms else {}
 
     backend = load_backend(
         ModelConfig(bootstrap_sft_seconds=bootstrap_seconds), role="policy", workdir=WORKDIR
@@ -55,7 +50,7 @@ def worker(bootstrap: str, prefix: str, store_url: str, bootstrap_seconds: float
     store = WeightStore(store_url)
 
     async def main() -> None:
-        async with Bus(KafkaConfig(bootstrap=bootstrap, topic_prefix=prefix), role="fanout") as bus:
+        async with Bus(KafkaConfig(bootstrap=bootstrap, topic_prefix=prefix, **follow), role="fanout") as bus:
             watcher = WeightsWatcher(bus, store, "policy")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watcher.run)
