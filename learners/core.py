@@ -155,6 +155,38 @@ class StepStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def step_plan(size: int, cfg: LearnerConfig, first_step: int) -> list[tuple[int, bool, list[int]]]:
+    """(epoch, whether it is the batch's last step, sample indices) of each optimizer step of a batch
+    of `size`: `minibatches` chunks per epoch, epoch e > 0 a seeded reshuffle of the same batch."""
+    chunk = -(-size // cfg.minibatches)
+    orders = [list(range(size))]
+    for epoch in range(1, cfg.epochs):
+        orders.append(random.Random(first_step * 1000 + epoch).sample(orders[0], size))
+    return [(epoch, epoch == len(orders) - 1 and lo + chunk >= size, order[lo : lo + chunk])
+            for epoch, order in enumerate(orders) for lo in range(0, size, chunk)]  # fmt: skip
+
+
+class StubTrainer:
+    """`learner.engine = stub` (system benchmarks): the step plan of a real batch, each step sleeping
+    `stub_sample_s` per sample instead of computing, as a learner on a device of its own would take
+    time without using this machine's cores. The weights never change."""
+
+    def __init__(self, cfg: LearnerConfig) -> None:
+        self.cfg = cfg
+
+    def batch_steps(
+        self, batch: list[TrainSample], *, first_step: int
+    ) -> Iterator[tuple[int, bool, StepStats]]:
+        for epoch, last, picked in step_plan(len(batch), self.cfg, first_step):
+            start = time.perf_counter()
+            time.sleep(self.cfg.stub_sample_s * len(picked))
+            samples = [batch[i] for i in picked]
+            stats = StepStats(samples=len(samples), keys=[s.key for s in samples],
+                              tokens=sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))  # fmt: skip
+            stats.seconds = time.perf_counter() - start
+            yield epoch, last, stats
+
+
 class Trainer:
     """Decoupled-PPO updates on an Engine (blocking; call it from a worker thread)."""
 
@@ -218,24 +250,16 @@ class Trainer:
         cfg = self.cfg
         prox = self.proximal(batch) if cfg.minibatches > 1 or cfg.epochs > 1 else None
         ref = self._frozen_logprobs(batch, self.reference) if self.reference is not None else None
-        chunk = -(-len(batch) // cfg.minibatches)
-        orders = [list(range(len(batch)))]  # epoch e > 0 reshuffles the same batch from a seeded order
-        for epoch in range(1, cfg.epochs):
-            orders.append(random.Random(first_step * 1000 + epoch).sample(orders[0], len(batch)))
-        n = first_step
-        for epoch, order in enumerate(orders):
-            for lo in range(0, len(batch), chunk):
-                picked = order[lo : lo + chunk]
-                lr = warmup_lr(cfg.lr, n, cfg.warmup_steps)
-                self.engine.set_lr(lr)
-                stats = self.step(
-                    [batch[i] for i in picked],
-                    None if prox is None else [prox[i] for i in picked],
-                    None if ref is None else [ref[i] for i in picked],
-                )
-                stats.lr = lr
-                n += 1
-                yield epoch, epoch == len(orders) - 1 and lo + chunk >= len(batch), stats
+        for n, (epoch, last, picked) in enumerate(step_plan(len(batch), cfg, first_step), start=first_step):
+            lr = warmup_lr(cfg.lr, n, cfg.warmup_steps)
+            self.engine.set_lr(lr)
+            stats = self.step(
+                [batch[i] for i in picked],
+                None if prox is None else [prox[i] for i in picked],
+                None if ref is None else [ref[i] for i in picked],
+            )
+            stats.lr = lr
+            yield epoch, last, stats
 
     def step(
         self, samples: list[TrainSample], prox: list[Tensor] | None = None, ref: list[Tensor] | None = None
@@ -318,7 +342,10 @@ class Learner:
             ckpt.append_journal(self.root, {"restored_step": self.state.optimizer_step, "from": latest.name})
         # a restart reloads the reference from the preset: the start weights, not the checkpoint's
         reference = reference_weights(spec.model, self.cfg, role=spec.name, workdir=workdir)
-        self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature, reference)
+        self.trainer: Trainer | StubTrainer = (
+            StubTrainer(self.cfg) if self.cfg.engine == "stub"
+            else Trainer(self.engine, self.cfg, spec.model.temperature, reference)
+        )  # fmt: skip
         self.trained = deque(self.state.trained_keys, maxlen=MAX_TRAINED_KEYS)
         self.seen = set(self.trained) | {s.key for s in self.state.pending}
         self.pending: list[TrainSample] = list(self.state.pending)

@@ -267,7 +267,10 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     """Optimizer steps over which the learning rate rises linearly to `lr` (0 = none)."""
     checkpoint_every: PosInt = 1
     """Published versions between full checkpoints (model, optimizer, offsets)."""
-    engine: Literal["torch", "deepspeed"] = "torch"
+    engine: Literal["torch", "deepspeed", "stub"] = "torch"
+    """`stub`: system benchmarks only, a learner on a device of its own: no update, each optimizer
+    step sleeps `stub_sample_s` per sample (no CPU), versions and checkpoints as usual."""
+    stub_sample_s: NonNegFloat = 0.01
     zero_stage: Annotated[int, Meta(ge=0, le=3)] = 2
     lora_rank: NonNegInt = 0
     """0 = full fine-tuning; > 0 trains LoRA adapters (peft)."""

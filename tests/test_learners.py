@@ -545,3 +545,20 @@ async def test_two_epochs_pass_twice_over_one_batch(tmp_path: Path, kafka_config
     assert sorted(first) == sorted(second) == sorted(f"l{g}/{i}/0" for g in range(2) for i in range(3))
     assert first != second  # reshuffled
     assert ckpt.load_state(ckpt.latest_checkpoint(root)).samples_trained == 6
+
+
+def test_stub_trainer_keeps_the_step_plan_and_takes_its_time() -> None:
+    """`engine = stub` (system benchmarks): the real learner's steps (2 epochs x 2 minibatches, each sample
+    once per epoch), each sleeping stub_sample_s per sample, and no weights touched."""
+    from learners.core import StubTrainer, step_plan
+
+    cfg = LearnerConfig(minibatches=2, epochs=2, stub_sample_s=0.01)
+    batch = fixed_batch(6, seed=1)
+    start = time.perf_counter()
+    steps = list(StubTrainer(cfg).batch_steps(batch, first_step=5))
+    assert time.perf_counter() - start >= 4 * 3 * 0.01
+    assert [(epoch, last) for epoch, last, _ in steps] == [(0, False), (0, False), (1, False), (1, True)]
+    plan = step_plan(6, cfg, 5)
+    assert [stats.keys for _, _, stats in steps] == [[batch[i].key for i in picked] for _, _, picked in plan]
+    assert sorted(plan[0][2] + plan[1][2]) == sorted(plan[2][2] + plan[3][2]) == list(range(6))
+    assert plan[0][2] + plan[1][2] != plan[2][2] + plan[3][2]  # the second epoch reshuffled

@@ -15,6 +15,7 @@ BENCHMARKS = {
     "learner": "learner_throughput.py",
     "actor_scaling": "actor_scaling.py",
     "staleness": "staleness.py",
+    "async_vs_sync": "async_vs_sync.py",
     "judge": "judge_throughput.py",
     "learning": "learning.py",
     "textworld": "textworld_ladder.py",

@@ -1,0 +1,129 @@
+"""Asynchronous (streaming) vs synchronous (lockstep) training, the same roles: trained policy samples / s.
+
+Every stage is a stub that takes configured wall time without using this machine's cores, as
+generation, judging and training would on devices of their own: actors answer a turn of their 8
+episodes in `--gen-s`, a judge a trajectory in `--judge-s`, the learners sleep `--train-s` per sample.
+The learner is the slowest stage by design, so the bound is its rate, 1 / train-s samples / s.
+
+- lockstep: staleness bound η = 0 (scheduler and learner): the scheduler admits one version's requests,
+  they are generated and judged, the learner trains them and publishes, and only then is the next
+  version's work admitted (the paper's released code: generate all, judge all, train, publish);
+- streaming: the defaults (η = 2): generation and judging of later versions run while the learner trains.
+
+Both are one `forgestream up --ephemeral --minutes M` (the evaluator off; every group trains, whatever
+its outcomes, so random stub answers make samples). The rate is read from the learner's
+`learner/policy/samples_trained` metric between its first and last report (start-up excluded).
+Writes benchmarks/results/async_vs_sync.json.
+
+    python benchmarks/async_vs_sync.py [--minutes 3] [--gen-s 0.1] [--judge-s 0.2] [--train-s 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def trained_rate(workdir: Path) -> tuple[float, int]:
+    """(policy samples trained / s between the learner's first and last report, samples trained)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    points = []
+    for events in sorted((workdir / "tensorboard").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        if "learner/policy/samples_trained" in acc.Tags()["scalars"]:
+            points += [(e.wall_time, e.value) for e in acc.Scalars("learner/policy/samples_trained")]
+    points.sort()
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return 0.0, int(points[-1][1]) if points else 0
+    (t0, v0), (t1, v1) = points[0], points[-1]
+    return (v1 - v0) / (t1 - t0), int(v1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--gen-s", type=float, default=0.1, help="an actor's turn of 8 episodes")
+    parser.add_argument("--judge-s", type=float, default=0.2, help="a judge's verdicts on one trajectory")
+    parser.add_argument("--train-s", type=float, default=0.02, help="the policy learner's time per sample")
+    parser.add_argument("--out", type=Path, default=RESULTS / "async_vs_sync.json")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import child_env
+
+    stubs = child_env(
+        FORGESTREAM_EVALUATOR__ENABLED="false",
+        FORGESTREAM_POLICY_MODEL__BACKEND="stub",
+        FORGESTREAM_POLICY_MODEL__STUB_STEP_S=str(args.gen_s),
+        FORGESTREAM_REWARD_MODEL__BACKEND="stub",
+        FORGESTREAM_REWARD_MODEL__STUB_STEP_S=str(args.judge_s),
+        FORGESTREAM_POLICY_LEARNER__ENGINE="stub",
+        FORGESTREAM_POLICY_LEARNER__STUB_SAMPLE_S=str(args.train_s),
+        FORGESTREAM_REWARD_LEARNER__ENGINE="stub",
+        FORGESTREAM_REWARD_LEARNER__STUB_SAMPLE_S=str(args.train_s / 10),  # never the bottleneck
+        FORGESTREAM_SIGNALS__POLICY_ACC_LOW="0",  # random answers rarely mix outcomes: train every group
+        FORGESTREAM_SIGNALS__POLICY_ACC_HIGH="1",
+        FORGESTREAM_SCHEDULER__SEED_DIFFICULTY="1",
+        # a partial batch trains after 1 s idle in both modes (the default 45 s would stall lockstep)
+        FORGESTREAM_POLICY_LEARNER__BATCH_WAIT_S="1",
+        FORGESTREAM_REWARD_LEARNER__BATCH_WAIT_S="1",
+    )
+    modes = {
+        "lockstep": {"FORGESTREAM_SCHEDULER__ETA": "0", "FORGESTREAM_POLICY_LEARNER__ETA": "0",
+                     "FORGESTREAM_REWARD_LEARNER__ETA": "0"},
+        "streaming": {},
+    }  # fmt: skip
+    bound = 1.0 / args.train_s
+    rows = []
+    for mode, extra in modes.items():
+        workdir = ROOT / ".work" / f"bench-async-{mode}"
+        subprocess.run(["rm", "-rf", str(workdir)], check=True)
+        workdir.mkdir(parents=True)
+        with open(workdir / "up.log", "wb") as log:
+            done = subprocess.run([sys.executable, "-m", "app.cli", "up", "--ephemeral", "--no-live", "--minutes",
+                                   str(args.minutes), "--workdir", str(workdir)], cwd=ROOT, stdout=log, stderr=log,
+                                  env=stubs | extra)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"up ({mode}) failed; see {workdir / 'up.log'}")
+        rate, trained = trained_rate(workdir)
+        summary = json.loads((workdir / "report" / "summary.json").read_text())
+        rows.append({"mode": mode, "samples_per_s": rate, "of_bound": rate / bound, "samples_trained": trained,
+                     "policy_version": summary["policy_version"], "trajectories": summary["trajectories"],
+                     "staleness_mean": summary["staleness_mean"]})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    lockstep, streaming = rows
+    result = {
+        "machine": "2 cores, no GPU; stub stages use no CPU",
+        "minutes": args.minutes,
+        "stage_seconds": {
+            "generation_turn": args.gen_s,
+            "judge_trajectory": args.judge_s,
+            "train_sample": args.train_s,
+        },  # fmt: skip
+        "bound_samples_per_s": bound,
+        "rows": rows,
+        "streaming_over_lockstep": streaming["samples_per_s"] / lockstep["samples_per_s"]
+        if lockstep["samples_per_s"]
+        else None,
+        "goal": "streaming >= 0.95 of the bound (the slowest stage's rate)",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print("| mode | trained samples / s | of the bound | versions | judged | staleness mean |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['samples_per_s']:.2f} | {r['of_bound']:.2f} | {r['policy_version']} | "
+              f"{r['trajectories']} | {r['staleness_mean']} |")  # fmt: skip
+    ratio = result["streaming_over_lockstep"]
+    print(f"streaming / lockstep: {ratio:.2f}" if ratio else "lockstep trained nothing")
+
+
+if __name__ == "__main__":
+    main()
