@@ -15,7 +15,7 @@ its outcomes, so random stub answers make samples). The rate is read from the le
 `learner/policy/samples_trained` metric between its first and last report (start-up excluded).
 Writes benchmarks/results/async_vs_sync.json.
 
-    python benchmarks/async_vs_sync.py [--minutes 3] [--gen-s 0.1] [--judge-s 0.2] [--train-s 0.02]
+    python benchmarks/async_vs_sync.py [--minutes 4] [--gen-s 0.05] [--judge-s 0.1] [--train-s 0.1]
 """
 
 from __future__ import annotations
@@ -30,29 +30,38 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def trained_rate(workdir: Path) -> tuple[float, int]:
-    """(policy samples trained / s between the learner's first and last report, samples trained)."""
+def scalars(workdir: Path, tag: str) -> list[tuple[float, float]]:
+    """(wall time, value) of every report of `tag` in the run's TensorBoard files, in time order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     points = []
     for events in sorted((workdir / "tensorboard").glob("events.out.tfevents.*")):
         acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
         acc.Reload()
-        if "learner/policy/samples_trained" in acc.Tags()["scalars"]:
-            points += [(e.wall_time, e.value) for e in acc.Scalars("learner/policy/samples_trained")]
-    points.sort()
-    if len(points) < 2 or points[-1][0] <= points[0][0]:
-        return 0.0, int(points[-1][1]) if points else 0
-    (t0, v0), (t1, v1) = points[0], points[-1]
-    return (v1 - v0) / (t1 - t0), int(v1)
+        if tag in acc.Tags()["scalars"]:
+            points += [(e.wall_time, e.value) for e in acc.Scalars(tag)]
+    return sorted(points)
+
+
+def rates(workdir: Path) -> tuple[float, float, int]:
+    """(policy samples trained / s between the learner's first and last report, policy samples the
+    signals role produced / s over its reports, samples trained)."""
+    trained = scalars(workdir, "learner/policy/samples_trained")
+    produced = scalars(workdir, "signals/policy_samples")  # one report per group, value = its samples
+    train_rate = produce_rate = 0.0
+    if len(trained) >= 2 and trained[-1][0] > trained[0][0]:
+        train_rate = (trained[-1][1] - trained[0][1]) / (trained[-1][0] - trained[0][0])
+    if len(produced) >= 2 and produced[-1][0] > produced[0][0]:
+        produce_rate = sum(v for _, v in produced[1:]) / (produced[-1][0] - produced[0][0])
+    return train_rate, produce_rate, int(trained[-1][1]) if trained else 0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=3.0)
-    parser.add_argument("--gen-s", type=float, default=0.1, help="an actor's turn of 8 episodes")
-    parser.add_argument("--judge-s", type=float, default=0.2, help="a judge's verdicts on one trajectory")
-    parser.add_argument("--train-s", type=float, default=0.02, help="the policy learner's time per sample")
+    parser.add_argument("--minutes", type=float, default=4.0)
+    parser.add_argument("--gen-s", type=float, default=0.05, help="an actor's turn of 8 episodes")
+    parser.add_argument("--judge-s", type=float, default=0.1, help="a judge's verdicts on one trajectory")
+    parser.add_argument("--train-s", type=float, default=0.1, help="the policy learner's time per sample")
     parser.add_argument("--out", type=Path, default=RESULTS / "async_vs_sync.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -92,9 +101,10 @@ def main() -> None:
                                   env=stubs | extra)  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"up ({mode}) failed; see {workdir / 'up.log'}")
-        rate, trained = trained_rate(workdir)
+        rate, produced, trained = rates(workdir)
         summary = json.loads((workdir / "report" / "summary.json").read_text())
         rows.append({"mode": mode, "samples_per_s": rate, "of_bound": rate / bound, "samples_trained": trained,
+                     "produced_per_s": produced,
                      "policy_version": summary["policy_version"], "trajectories": summary["trajectories"],
                      "staleness_mean": summary["staleness_mean"]})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
@@ -116,10 +126,11 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print("| mode | trained samples / s | of the bound | versions | judged | staleness mean |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | trained samples / s | of the bound | produced / s | versions | judged | staleness mean |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['samples_per_s']:.2f} | {r['of_bound']:.2f} | {r['policy_version']} | "
+        print(f"| {r['mode']} | {r['samples_per_s']:.2f} | {r['of_bound']:.2f} | {r['produced_per_s']:.2f} | "
+              f"{r['policy_version']} | "
               f"{r['trajectories']} | {r['staleness_mean']} |")  # fmt: skip
     ratio = result["streaming_over_lockstep"]
     print(f"streaming / lockstep: {ratio:.2f}" if ratio else "lockstep trained nothing")
