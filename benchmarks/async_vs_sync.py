@@ -3,7 +3,10 @@
 Every stage is a stub that takes configured wall time without using this machine's cores, as
 generation, judging and training would on devices of their own: actors answer a turn of their 8
 episodes in `--gen-s`, a judge a trajectory in `--judge-s`, the learners sleep `--train-s` per sample.
-The learner is the slowest stage by design, so the bound is its rate, 1 / train-s samples / s.
+By default the three stages are balanced at ~4 policy samples / s each (an actor turns 8 episodes in
+2 s; a trajectory of ~12 samples is judged in 6 s by each of 2 judges; 0.25 s per sample, a version per
+group, one pass), the case where lockstep loses most; the bound is the learner's rate, 1 / train-s.
+The table also shows the rate at which policy samples were produced.
 
 - lockstep: staleness bound η = 0 (scheduler and learner): the scheduler admits one version's requests,
   they are generated and judged, the learner trains them and publishes, and only then is the next
@@ -11,11 +14,12 @@ The learner is the slowest stage by design, so the bound is its rate, 1 / train-
 - streaming: the defaults (η = 2): generation and judging of later versions run while the learner trains.
 
 Both are one `forgestream up --ephemeral --minutes M` (the evaluator off; every group trains, whatever
-its outcomes, so random stub answers make samples). The rate is read from the learner's
-`learner/policy/samples_trained` metric between its first and last report (start-up excluded).
+its outcomes, so random stub answers make samples). Rates are read from the run's metrics
+(`learner/policy/samples_trained`, `signals/policy_samples`) from the first group produced to the
+learner's last report (start-up excluded).
 Writes benchmarks/results/async_vs_sync.json.
 
-    python benchmarks/async_vs_sync.py [--minutes 4] [--gen-s 0.05] [--judge-s 0.1] [--train-s 0.1]
+    python benchmarks/async_vs_sync.py [--minutes 5] [--gen-s 2.0] [--judge-s 6.0] [--train-s 0.25]
 """
 
 from __future__ import annotations
@@ -44,24 +48,24 @@ def scalars(workdir: Path, tag: str) -> list[tuple[float, float]]:
 
 
 def rates(workdir: Path) -> tuple[float, float, int]:
-    """(policy samples trained / s between the learner's first and last report, policy samples the
-    signals role produced / s over its reports, samples trained)."""
+    """(policy samples trained / s, policy samples the signals role produced / s, samples trained), both
+    over the same span: from the first group signals produced (the pipeline had work; start-up excluded)
+    to the learner's last report."""
     trained = scalars(workdir, "learner/policy/samples_trained")
     produced = scalars(workdir, "signals/policy_samples")  # one report per group, value = its samples
-    train_rate = produce_rate = 0.0
-    if len(trained) >= 2 and trained[-1][0] > trained[0][0]:
-        train_rate = (trained[-1][1] - trained[0][1]) / (trained[-1][0] - trained[0][0])
-    if len(produced) >= 2 and produced[-1][0] > produced[0][0]:
-        produce_rate = sum(v for _, v in produced[1:]) / (produced[-1][0] - produced[0][0])
-    return train_rate, produce_rate, int(trained[-1][1]) if trained else 0
+    if not trained or not produced:
+        return 0.0, 0.0, int(trained[-1][1]) if trained else 0
+    start, end = produced[0][0], trained[-1][0]
+    span = max(end - start, 1e-9)
+    return trained[-1][1] / span, sum(v for t, v in produced if t <= end) / span, int(trained[-1][1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=4.0)
-    parser.add_argument("--gen-s", type=float, default=0.05, help="an actor's turn of 8 episodes")
-    parser.add_argument("--judge-s", type=float, default=0.1, help="a judge's verdicts on one trajectory")
-    parser.add_argument("--train-s", type=float, default=0.1, help="the policy learner's time per sample")
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--gen-s", type=float, default=2.0, help="an actor's turn of 8 episodes")
+    parser.add_argument("--judge-s", type=float, default=6.0, help="a judge's verdicts on one trajectory")
+    parser.add_argument("--train-s", type=float, default=0.25, help="the policy learner's time per sample")
     parser.add_argument("--out", type=Path, default=RESULTS / "async_vs_sync.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -75,6 +79,11 @@ def main() -> None:
         FORGESTREAM_REWARD_MODEL__STUB_STEP_S=str(args.judge_s),
         FORGESTREAM_POLICY_LEARNER__ENGINE="stub",
         FORGESTREAM_POLICY_LEARNER__STUB_SAMPLE_S=str(args.train_s),
+        # a version per group, one pass: the learner's bound is 1 / train-s, and in lockstep (η = 0) the
+        # scheduler admits one group, waits for its version, admits the next
+        FORGESTREAM_SCHEDULER__BATCH_SIZE="1",
+        FORGESTREAM_POLICY_LEARNER__BATCH_SAMPLES="1",
+        FORGESTREAM_POLICY_LEARNER__EPOCHS="1",
         FORGESTREAM_REWARD_LEARNER__ENGINE="stub",
         FORGESTREAM_REWARD_LEARNER__STUB_SAMPLE_S=str(args.train_s / 10),  # never the bottleneck
         FORGESTREAM_SIGNALS__POLICY_ACC_LOW="0",  # random answers rarely mix outcomes: train every group
