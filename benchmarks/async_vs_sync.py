@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -69,7 +68,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "async_vs_sync.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from benchmarks import child_env
+    from benchmarks import child_env, run_up
 
     stubs = child_env(
         FORGESTREAM_EVALUATOR__ENABLED="false",
@@ -101,15 +100,7 @@ def main() -> None:
     bound = 1.0 / args.train_s
     rows = []
     for mode, extra in modes.items():
-        workdir = ROOT / ".work" / f"bench-async-{mode}"
-        subprocess.run(["rm", "-rf", str(workdir)], check=True)
-        workdir.mkdir(parents=True)
-        with open(workdir / "up.log", "wb") as log:
-            done = subprocess.run([sys.executable, "-m", "app.cli", "up", "--ephemeral", "--no-live", "--minutes",
-                                   str(args.minutes), "--workdir", str(workdir)], cwd=ROOT, stdout=log, stderr=log,
-                                  env=stubs | extra)  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"up ({mode}) failed; see {workdir / 'up.log'}")
+        workdir = run_up(f"bench-async-{mode}", args.minutes, stubs | extra)
         rate, produced, trained = rates(workdir)
         summary = json.loads((workdir / "report" / "summary.json").read_text())
         rows.append({"mode": mode, "samples_per_s": rate, "of_bound": rate / bound, "samples_trained": trained,

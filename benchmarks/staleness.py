@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,20 +31,14 @@ def main() -> None:
     from schemas.config import RunConfig
 
     eta = RunConfig().policy_learner.eta
-    from benchmarks import child_env
+    from benchmarks import child_env, run_up
 
     base = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
     rows = []
     for mode in MODES:
-        workdir = ROOT / ".work" / f"bench-staleness-{mode}"
-        subprocess.run(["rm", "-rf", str(workdir)], check=True)
-        workdir.mkdir(parents=True)
-        with open(workdir / "up.log", "wb") as log:
-            done = subprocess.run([sys.executable, "-m", "app.cli", "up", "--ephemeral", "--no-live", "--minutes",
-                                   str(args.minutes), "--workdir", str(workdir)], cwd=ROOT, stdout=log, stderr=log,
-                                  env=base | {"FORGESTREAM_ACTOR__SWAP_WEIGHTS": mode})  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"up ({mode}) failed; see {workdir / 'up.log'}")
+        workdir = run_up(
+            f"bench-staleness-{mode}", args.minutes, base | {"FORGESTREAM_ACTOR__SWAP_WEIGHTS": mode}
+        )
         summary = json.loads((workdir / "report" / "summary.json").read_text())
         hist = {int(k): v for k, v in summary.get("staleness_samples", {}).items()}
         total = sum(hist.values())
