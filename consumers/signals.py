@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from infra.bus import Bus, RecentKeys, Record
+from infra.bus import BatchConsumer, Bus, RecentKeys, Record
 from pipeline.samples import build_samples
 from pipeline.taskpool import TaskPool
 from schemas.config import RunConfig, SignalsConfig
@@ -206,7 +206,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 gatherer.tasks.update(record.value)
 
         tg.start_soon(follow_tasks)
-        async with bus.batch_consumer([JUDGED], group=GROUP) as consumer:
+        async with BatchConsumer(bus, [JUDGED], group=GROUP) as consumer:
             committed: dict[tuple[str, int], int] = {}
             while not shutdown.is_set():
                 # --- gather ---

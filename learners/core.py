@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from algorithm import filter_stale, policy_loss
-from infra.bus import Bus, Record
+from infra.bus import BatchConsumer, Bus, Record
 from infra.models import load_trainable, sequence_logprobs
 from infra.weights import WeightStore
 from learners import checkpoint as ckpt
@@ -474,7 +474,7 @@ async def run_learner(config: RunConfig, spec: LearnerSpec, *, shutdown: anyio.E
             event = await anyio.to_thread.run_sync(learner.publish)
             await bus.send(topics.WEIGHTS, event, key=name)
         await bus.metric(f"learner/{name}/version", learner.state.version, step=learner.state.version)
-        async with bus.batch_consumer([spec.topic], group=spec.group) as consumer:
+        async with BatchConsumer(bus, [spec.topic], group=spec.group) as consumer:
             if learner.offsets:
                 await consumer.seek(dict(learner.offsets))
             while not shutdown.is_set():

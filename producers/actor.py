@@ -31,7 +31,7 @@ import anyio
 
 from envs import get_environment
 from envs.base import Environment, Episode
-from infra.bus import Bus, Record
+from infra.bus import BatchConsumer, Bus, Record
 from infra.models import load_backend
 from infra.weights import WeightStore, WeightsWatcher
 from schemas import topics
@@ -260,7 +260,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def rollout_loop() -> None:
             nonlocal turn
-            async with bus.batch_consumer([topics.ROLLOUT_REQUESTS], group="actors") as consumer:
+            async with BatchConsumer(bus, [topics.ROLLOUT_REQUESTS], group="actors") as consumer:
                 while not shutdown.is_set():
                     # --- admit new requests, refresh weights, start episodes ---
                     await admit(consumer)

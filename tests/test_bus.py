@@ -18,7 +18,7 @@ import anyio
 import msgspec
 import pytest
 
-from infra.bus import Bus, FatalError, Record, install_signal_handlers
+from infra.bus import BatchConsumer, Bus, FatalError, Record, install_signal_handlers
 from schemas import codec
 from schemas import events as ev
 from schemas import topics as T
@@ -277,12 +277,12 @@ async def test_batch_consumer_commit_and_seek(kafka_config: KafkaConfig) -> None
                     got += await consumer.next_batch(100, timeout_s=0.5)
             return got
 
-        async with bus.batch_consumer([T.SAMPLES_POLICY], group="learner") as consumer:
+        async with BatchConsumer(bus, [T.SAMPLES_POLICY], group="learner") as consumer:
             got = await drain(consumer, 6)
             assert [r.value.request_id for r in got] == [f"r{i}" for i in range(6)]
             partition = got[0].partition
             await consumer.commit({(T.SAMPLES_POLICY, partition): 3})  # checkpoint covers r0..r2
-        async with bus.batch_consumer([T.SAMPLES_POLICY], group="learner") as consumer:
+        async with BatchConsumer(bus, [T.SAMPLES_POLICY], group="learner") as consumer:
             got = await drain(consumer, 3)
             assert [r.value.request_id for r in got] == ["r3", "r4", "r5"]
             await consumer.seek({(T.SAMPLES_POLICY, partition): 1})  # restore an older checkpoint

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka import TopicPartition
 
 from infra.bus.client import stop_consumer
 from infra.bus.offsets import SeekOnAssign
 from infra.bus.records import Record
+from infra.bus.runtime import Bus
 from schemas import codec
-
-if TYPE_CHECKING:
-    from infra.bus.runtime import Bus
 
 
 class BatchConsumer:

@@ -14,7 +14,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from infra.bus.batch import BatchConsumer
 from infra.bus.client import client_options, consumer_options, fetch_or_shutdown, stop_consumer
 from infra.bus.offsets import PendingOffsets
 from infra.bus.readers import TopicReaders
@@ -263,6 +262,3 @@ class Bus(TopicReaders):
             seen.add(key)
         self.stats["handled"] += 1
         return True
-
-    def batch_consumer(self, topics: list[Topic[Any]], *, group: str) -> BatchConsumer:
-        return BatchConsumer(self, topics, group=group)
