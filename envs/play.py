@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import Environment
+from envs.base import Environment, StepResult
 from envs.judging import judge_prompt
 
 
@@ -36,6 +36,19 @@ class PlayedEpisode:
         return sum(not s.valid for s in self.steps)
 
 
+def step_with_label(
+    env: Environment, episode: Any, task: Any, history: list[str], response: str
+) -> tuple[StepResult, bool | None]:
+    """Step `episode` with `response` and label the step: the episode's own `last_step_progress` where
+    it keeps what that needs (TextWorld: no replay), else the env's `step_is_progress` (replays
+    `history` from the start), else None."""
+    own = getattr(episode, "last_step_progress", None)
+    progress = getattr(env, "step_is_progress", None)
+    label = progress(task, history, response) if own is None and progress is not None else None
+    result = episode.step(response)
+    return result, (own() if own is not None else label)
+
+
 def play_tasks(
     backend: Any,
     env: Environment,
@@ -47,7 +60,6 @@ def play_tasks(
     seed: int,
 ) -> list[PlayedEpisode]:
     """Play `tasks` side by side (one generate call per turn); generation seed `seed + turn`."""
-    progress = getattr(env, "step_is_progress", None)
     episodes = [env.reset(t) for t in tasks]
     records = [PlayedEpisode(level=t.difficulty, outcome=-1) for t in tasks]
     history: list[list[str]] = [[] for _ in tasks]
@@ -60,12 +72,7 @@ def play_tasks(
         for i, group in zip(live, outs, strict=True):
             response, episode = group[0].text, episodes[i]
             context = episode.judge_context(len(history[i]))
-            # an episode that labels its own last step saves replaying the history (TextWorld)
-            own_label = getattr(episode, "last_step_progress", None)
-            label = progress(tasks[i], history[i], response) if progress and not own_label else None
-            result = episode.step(response)
-            if own_label is not None:
-                label = own_label()
+            result, label = step_with_label(env, episode, tasks[i], history[i], response)
             history[i].append(response)
             records[i].steps.append(
                 PlayedStep(

@@ -59,9 +59,7 @@ def _bootstrap_levels(env: Any) -> list[int]:
 
 
 def _task(env: Any, rng: random.Random) -> Any:
-    levels = getattr(env, "bootstrap_levels", None)
-    level = rng.randrange(env.levels) if levels is None else rng.choice(list(levels))
-    return _training_task(env, level, rng)
+    return _training_task(env, rng.choice(_bootstrap_levels(env)), rng)
 
 
 def _oracle_walk(env: Any, task: Any) -> Iterator[tuple[Any, int, str]]:
@@ -145,6 +143,7 @@ def _judge_example(
     """The judge prompt for taking `response` after `history` in `task`, with its label: the env's
     `step_is_progress` where it has one, else "equals the expert's response" `best`."""
     from envs.judging import judge_prompt
+    from envs.play import step_with_label
 
     episode = env.reset(task)
     for r in history:
@@ -152,15 +151,9 @@ def _judge_example(
     if episode.done:
         return None
     context = episode.judge_context(len(history))
-    progress = getattr(env, "step_is_progress", None)
-    own_label = getattr(episode, "last_step_progress", None)  # saves a replay where the episode has it
-    if own_label is None and progress is not None:
-        label = bool(progress(task, history, response))
-    else:
+    result, label = step_with_label(env, episode, task, history, response)
+    if label is None:  # a domain without step labels: the expert's response is the good one
         label = response.strip() == best.strip()
-    result = episode.step(response)
-    if own_label is not None:
-        label = own_label()
     return judge_prompt(context, response, result.observation), (1 if label else -1)
 
 
