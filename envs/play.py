@@ -2,7 +2,8 @@
 
 One home for the loop "prompt every live episode, step it with the backend's answer, record the
 step's judge prompt and the environment's own step label (`step_is_progress`, or the episode's
-`last_step_progress` where it keeps what that needs; None where the domain has neither)". Held-out evaluation plays held-out tasks with it; the reward model's bootstrap
+`last_step_progress` where it keeps what that needs; None where the domain has neither)". Held-out
+evaluation plays held-out tasks with it; the reward model's bootstrap
 plays training tasks with the policy preset, so the reward model learns on the steps it will judge.
 The backend is anything with the generation backends' `generate(prompts, temperature=,
 max_tokens=, seed=)`.

@@ -340,12 +340,12 @@ class Learner:
         if latest is not None:
             self.engine.load_optimizer_state(ckpt.load_optimizer_tensors(latest), self.state.optimizer_step)
             ckpt.append_journal(self.root, {"restored_step": self.state.optimizer_step, "from": latest.name})
-        # a restart reloads the reference from the preset: the start weights, not the checkpoint's
-        reference = reference_weights(spec.model, self.cfg, role=spec.name, workdir=workdir)
-        self.trainer: Trainer | StubTrainer = (
-            StubTrainer(self.cfg) if self.cfg.engine == "stub"
-            else Trainer(self.engine, self.cfg, spec.model.temperature, reference)
-        )  # fmt: skip
+        self.trainer: Trainer | StubTrainer
+        if self.cfg.engine == "stub":  # no update, so no reference weights to hold
+            self.trainer = StubTrainer(self.cfg)
+        else:  # a restart reloads the reference from the preset: the start weights, not the checkpoint's
+            reference = reference_weights(spec.model, self.cfg, role=spec.name, workdir=workdir)
+            self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature, reference)
         self.trained = deque(self.state.trained_keys, maxlen=MAX_TRAINED_KEYS)
         self.seen = set(self.trained) | {s.key for s in self.state.pending}
         self.pending: list[TrainSample] = list(self.state.pending)
