@@ -8,7 +8,8 @@ Rows (household, `tiny` preset, the same wall-clock budget per run):
 - +Env     the full loop (env model proposes variants, forge accepts them).
 Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
 newest policy on held-out tasks of the training band (scheduler.seed_difficulty) and of a band two
-levels harder that nothing trained on; rows that train the reward model also get its process accuracy.
+levels harder that nothing trained on; rows that train the reward model also get its process accuracy,
+measured on the preset policy's held-out steps (the steps Before's reward model is judged on).
 Writes benchmarks/results/learning.json, learning.png and a markdown table (README).
 
     python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 40]
@@ -45,9 +46,7 @@ def cli(*args: str, env: dict[str, str], log: Path) -> None:
 
 def evaluate(workdir: Path, policy: str, levels: str, tasks: int, seed: int, env: dict[str, str],
              reward_model: str | None = None) -> dict:  # fmt: skip
-    out = workdir / f"eval-{policy}.json"
-    if policy == "preset" and out.is_file():  # the preset does not change: a resumed bench reuses it
-        return json.loads(out.read_text())
+    out = workdir / f"eval-{policy}-rm-{reward_model or 'none'}.json"
     args = ["eval", "--policy", policy, "--levels", levels, "--tasks", str(tasks), "--modes", "sampled",
             "--seed", str(seed), "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
     if reward_model:
@@ -95,12 +94,18 @@ def main() -> None:
                 *without, env=run_env, log=workdir / "up.log")  # fmt: skip
             summary = workdir / "report" / "summary.json"  # up's last snapshot of the run
             snapshot = json.loads(summary.read_text()) if summary.is_file() else {}
-            trains_rm = "reward-learner" not in spec["without"]
-            result = evaluate(workdir, "latest", levels, args.tasks, seed, run_env,
-                              reward_model="latest" if trains_rm else None)  # fmt: skip
-            runs.append({"row": row, "seed": seed, "eval": result, "run_s": time.time() - t0,
-                         "status": snapshot})  # fmt: skip
-            print(f"{row} seed {seed}: {summarize_run(result, band)}", flush=True)
+            result = evaluate(workdir, "latest", levels, args.tasks, seed, run_env)
+            record = {"row": row, "seed": seed, "eval": result, "run_s": time.time() - t0, "status": snapshot}
+            if "reward-learner" not in spec["without"]:
+                # on the preset policy's held-out steps, the very steps Before's reward model is judged on:
+                # a run's own policy would change the steps along with the judge
+                record["reward_eval"] = evaluate(workdir, "preset", levels, args.tasks, seed, run_env,
+                                                 reward_model="latest")  # fmt: skip
+            runs.append(record)
+            print(
+                f"{row} seed {seed}: {summarize_run(result | record.get('reward_eval', {}), band)}",
+                flush=True,
+            )
             write(args, runs, band, started, complete=False)  # a stopped bench keeps its finished runs
     table = write(args, runs, band, started, complete=True)
     plot(table, band, args.out.with_suffix(".png"))
@@ -140,12 +145,15 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
             wins, n = sum(x["successes"] for x in results), sum(x["tasks"] for x in results)
             entry[name] = {"mean": statistics.fmean(rates), "sd": statistics.pstdev(rates), "pooled": wins / n,
                            "ci95": wilson(wins, n), "invalid": statistics.fmean(x["invalid_rate"] for x in results)}  # fmt: skip
-        accs = [
-            r["eval"]["process_accuracy"]["accuracy"]
+        judged = [
+            pa
             for r in mine
-            if r["eval"].get("process_accuracy", {}).get("steps")
+            if (pa := r.get("reward_eval", r["eval"]).get("process_accuracy", {})).get("steps")
         ]
-        entry["process_accuracy"] = statistics.fmean(accs) if accs else None
+        entry["process_accuracy"] = statistics.fmean(pa["accuracy"] for pa in judged) if judged else None
+        entry["process_accuracy_balanced"] = (
+            statistics.fmean(pa["balanced_accuracy"] for pa in judged) if judged else None
+        )
         accepted = [r.get("status", {}).get("variants_accepted") for r in mine if r.get("status")]
         entry["variants_accepted"] = statistics.fmean(accepted) if accepted else None
         table[row] = entry
@@ -154,9 +162,13 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
 
 def markdown(table: dict[str, dict], band: int, minutes: float, seeds: int) -> str:
     lines = [f"| row | held-out success, level {band} (trained) | level {band + 2} (harder) | invalid | "
-             "process accuracy | variants accepted |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "process accuracy (balanced) | variants accepted |", "|---|---|---|---|---|---|"]  # fmt: skip
     for row, e in table.items():
-        pa = "—" if e["process_accuracy"] is None else f"{e['process_accuracy']:.2f}"
+        pa = (
+            "—"
+            if e["process_accuracy"] is None
+            else (f"{e['process_accuracy']:.2f} ({e.get('process_accuracy_balanced') or 0:.2f})")
+        )
         va = "—" if e["variants_accepted"] is None else f"{e['variants_accepted']:.1f}"
         b, h = e["band"], e["harder"]
         lines.append(f"| {row} | {b['mean']:.2f} ± {b['sd']:.2f} [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}] | "
