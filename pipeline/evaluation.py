@@ -132,23 +132,47 @@ def process_accuracy(
                               temperature=temperature, max_tokens=max_tokens, seed=seed + lo)  # fmt: skip
         verdicts += [[parse_verdict(c.text) for c in group] for group in outs]
     right = [majority(v) == (1 if s.progress else -1) for s, v in zip(labelled, verdicts, strict=True)]
-
-    def share(mask: list[bool]) -> dict[str, float | int]:
-        picked = [r for r, keep in zip(right, mask, strict=True) if keep]
-        return {"steps": len(picked), "accuracy": sum(picked) / len(picked) if picked else 0.0}
-
-    good = [s.progress for s in labelled]
     return {
-        "steps": len(labelled),
-        "accuracy": sum(right) / len(right),
-        # mean of the accuracies on good and on bad steps: a judge that always says "bad" scores 0.5
-        "balanced_accuracy": (share(good)["accuracy"] + share([not g for g in good])["accuracy"]) / 2,
-        "good_label_rate": sum(s.progress for s in labelled) / len(labelled),
+        **_agreement([bool(s.progress) for s in labelled], right),
         "said_good": sum(majority(v) == 1 for v in verdicts) / len(verdicts),
         "unparseable": sum(v.count(0) for v in verdicts) / (m * len(verdicts)),
-        "valid": share([s.valid for s in labelled]),
-        "invalid": share([not s.valid for s in labelled]),
+        "valid": _share(right, [s.valid for s in labelled]),
+        "invalid": _share(right, [not s.valid for s in labelled]),
         "by_step": _by_step(labelled, right),
+    }
+
+
+def outcome_as_verdict(episodes: list[PlayedEpisode]) -> dict[str, Any]:
+    """Process accuracy of a judge that calls every step of a won episode good and every step of a lost
+    one bad. With m = 3 verdicts and λ < 3 the consistency reward's advantages are those of the outcome
+    alone (λ = 0; pinned in test_algorithm), so this is where co-training leads the reward model: above
+    its start, co-training can raise process accuracy; below it, co-training pulls it down."""
+    labelled = [(s, e.outcome > 0) for e in episodes for s in e.steps if s.progress is not None]
+    if not labelled:
+        return {"steps": 0}
+    right = [won == s.progress for s, won in labelled]
+    return {
+        **_agreement([bool(s.progress) for s, _ in labelled], right),
+        "said_good": sum(won for _, won in labelled) / len(labelled),
+    }
+
+
+def _share(right: list[bool], mask: list[bool]) -> dict[str, float | int]:
+    picked = [r for r, keep in zip(right, mask, strict=True) if keep]
+    return {"steps": len(picked), "accuracy": sum(picked) / len(picked) if picked else 0.0}
+
+
+def _agreement(good: list[bool], right: list[bool]) -> dict[str, float | int]:
+    """Accuracy, balanced accuracy (the mean of the accuracies on good and on bad steps: a judge that
+    always says "bad" scores 0.5) and the share of good labels."""
+    return {
+        "steps": len(right),
+        "accuracy": sum(right) / len(right),
+        "balanced_accuracy": (
+            _share(right, good)["accuracy"] + _share(right, [not g for g in good])["accuracy"]
+        )
+        / 2,
+        "good_label_rate": sum(good) / len(good),
     }
 
 

@@ -109,6 +109,23 @@ def test_consistency_rewards_hand_computed() -> None:
     assert consistency_rewards(0.5, [1, -1, 0]) == approx([1.135550, 0.162221, -1.297771], abs=1e-6)
 
 
+def test_consistency_advantages_with_three_verdicts_are_the_outcomes_alone() -> None:
+    # With outcomes +-1 and m = 3, R = O + lam * mean S keeps O's sign for lam < 3 (disagreeing valid
+    # verdicts: |mean S| <= 1/3), and every raw triple is either two equal values and one other (the same
+    # z pattern whatever the sizes) or (R, -R, -2) with mean S = 0, R = O: the reward model's advantages
+    # equal those of lam = 0, so co-training teaches it the episode's outcome, never its own verdicts.
+    triples = [[a, b, c] for a in (1, -1, 0) for b in (1, -1, 0) for c in (1, -1, 0)]
+    for outcome in (1, -1):
+        for verdicts in triples:
+            alone = consistency_rewards(integrated_rewards(outcome, [verdicts], lam=0.0)[0], verdicts)
+            for lam in (0.5, 1.0, 2.9):
+                mixed = consistency_rewards(integrated_rewards(outcome, [verdicts], lam=lam)[0], verdicts)
+                assert mixed == approx(alone, abs=1e-9), (outcome, verdicts, lam)
+    # from lam = 3 on the verdicts' mean can outvote the outcome: O = -1, S = [1, 1, -1], lam 3.5 -> R = 1/6
+    flipped = consistency_rewards(integrated_rewards(-1, [[1, 1, -1]], lam=3.5)[0], [1, 1, -1])
+    assert flipped == approx([0.7071068, 0.7071068, -1.4142136])
+
+
 def test_consistency_rewards_zero_variance() -> None:
     assert consistency_rewards(1.0, [1, 1, 1]) == [0.0, 0.0, 0.0]
     assert consistency_rewards(0.0, [1, -1, 1]) == [0.0, 0.0, 0.0]  # R = 0: raw all 0

@@ -14,6 +14,7 @@ from pipeline.evaluation import (
     PlayedEpisode,
     PlayedStep,
     majority,
+    outcome_as_verdict,
     process_accuracy,
     summarize_policy,
     wilson,
@@ -105,6 +106,32 @@ def test_process_accuracy_majority_against_labels() -> None:
     assert out["unparseable"] == approx(1 / 12)
     assert out["by_step"] == {"0": {"steps": 1, "accuracy": 1.0}, "1": {"steps": 1, "accuracy": 0.0},
                               "2-4": {"steps": 1, "accuracy": 1.0}, "10+": {"steps": 1, "accuracy": 0.0}}  # fmt: skip
+
+
+def test_outcome_as_verdict_calls_each_step_its_episode_outcome() -> None:
+    episodes = [
+        # won: its good step is right, its bad step wrong
+        PlayedEpisode(level=0, outcome=1, steps=[step(0, progress=True), step(1, progress=False)]),
+        # lost: good steps wrong, bad step right, an unlabelled step not counted
+        PlayedEpisode(
+            level=0,
+            outcome=-1,
+            steps=[
+                step(0, progress=True),
+                step(1, progress=True),
+                step(2, progress=False),
+                step(3, progress=None),
+            ],
+        ),  # fmt: skip
+    ]
+    out = outcome_as_verdict(episodes)
+    # 5 labelled steps, right: won-good, lost-bad -> 2 / 5; good steps 1 / 3 right, bad steps 1 / 2
+    assert out["steps"] == 5 and out["accuracy"] == approx(0.4)
+    assert out["balanced_accuracy"] == approx((1 / 3 + 1 / 2) / 2)
+    assert out["said_good"] == approx(2 / 5) and out["good_label_rate"] == approx(3 / 5)
+    assert outcome_as_verdict([PlayedEpisode(level=0, outcome=1, steps=[step(0, progress=None)])]) == {
+        "steps": 0
+    }
 
 
 # --- held-out seeds ---

@@ -92,7 +92,7 @@ def evaluate(
 
     from envs import get_environment
     from infra.models.hf_backend import HFBackend
-    from pipeline.evaluation import evaluate_policy, play_heldout, process_accuracy
+    from pipeline.evaluation import evaluate_policy, outcome_as_verdict, play_heldout, process_accuracy
 
     env = get_environment(cfg.scheduler.domain)
     if level_list[-1] >= env.levels:
@@ -120,15 +120,15 @@ def evaluate(
     if reward_model is not None:
         rm = cfg.reward_model
         judge = HFBackend(resolve_model(reward_model, "reward", rm, cfg), dtype=rm.dtype, device=rm.device)
-        steps = [s for level in level_list
-                 for e in play_heldout(backend, cfg.scheduler.domain, level, tasks, temperature=pm.temperature,
-                                       max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed + 1)
-                 for s in e.steps]  # fmt: skip
+        episodes = [e for level in level_list
+                    for e in play_heldout(backend, cfg.scheduler.domain, level, tasks, temperature=pm.temperature,
+                                          max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed + 1)]  # fmt: skip
         result["reward_model"] = reward_model
         result["process_accuracy"] = process_accuracy(
-            judge, steps, m=m or cfg.judge.m, temperature=cfg.judge.temperature,
+            judge, [s for e in episodes for s in e.steps], m=m or cfg.judge.m, temperature=cfg.judge.temperature,
             max_tokens=cfg.judge.max_new_tokens, seed=seed,
         )  # fmt: skip
+        result["outcome_as_verdict"] = outcome_as_verdict(episodes)
     _print(result)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,3 +164,9 @@ def _print(result: dict[str, Any]) -> None:
                 "by step index: "
                 + ", ".join(f"{k}: {v['accuracy']:.2f} ({v['steps']})" for k, v in pa["by_step"].items())
             )
+    ov = result.get("outcome_as_verdict")
+    if ov and ov.get("steps"):
+        console.print(
+            f"a judge that repeats each episode's outcome (where the consistency reward leads): process accuracy "
+            f"{ov['accuracy']:.3f} (balanced {ov['balanced_accuracy']:.3f}, says good {ov['said_good']:.2f})"
+        )
