@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.models import load_backend, load_trainable, prepare_preset, sequence_logprobs
+from infra.models import bootstrap, load_backend, load_trainable, prepare_preset, presets, sequence_logprobs
 from infra.models.bootstrap import GOOD, reward_pairs
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
@@ -197,6 +197,23 @@ def test_reward_pairs_draw_three_quarters_from_rollouts_and_stay_balanced():
     assert list(itertools.islice(reward_pairs(["household"], seed=3, rollouts=([], [])), 8)) == list(
         itertools.islice(reward_pairs(["household"], seed=3), 8)
     )  # no rollouts: the branching steps alone
+
+
+def test_data_fingerprint_is_remembered_per_source_version(tmp_path, monkeypatch):
+    expected = bootstrap.data_fingerprint(["household"])
+    assert presets.data_fingerprint(["household"], tmp_path) == expected
+    assert len(list((tmp_path / "fingerprints").iterdir())) == 1  # the memo, and no staging file left
+
+    def played(domains):  # noqa: ANN001, ANN202
+        raise AssertionError("recomputed although the sources did not change")
+
+    monkeypatch.setattr(bootstrap, "data_fingerprint", played)
+    assert presets.data_fingerprint(["household"], tmp_path) == expected
+    # other sources (an edited env, another engine version): computed again and remembered apart
+    monkeypatch.setattr(presets, "_sources_digest", lambda: "edited")
+    monkeypatch.setattr(bootstrap, "data_fingerprint", lambda domains: "recomputed")
+    assert presets.data_fingerprint(["household"], tmp_path) == "recomputed"
+    assert len(list((tmp_path / "fingerprints").iterdir())) == 2
 
 
 def test_smollm2_gguf_is_found_without_importing_the_package():

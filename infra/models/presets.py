@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -69,11 +70,9 @@ def prepare_preset(model: ModelConfig, *, role: Role, workdir: Path) -> Path:
         return folder
     root = cache_root(workdir)
     if preset == "tiny":
-        from infra.models import bootstrap
-
         domains = sorted(set(model.bootstrap_domains))
         # the data's fingerprint, not the envs' source: a prompt-format change rebuilds, a refactor does not
-        data = bootstrap.data_fingerprint(domains)
+        data = data_fingerprint(domains, root)
         parts = {"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
                  "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
         rollout_policy = None
@@ -117,6 +116,44 @@ def find_smollm2_gguf() -> Path:
     )
 
 
+def data_fingerprint(domains: list[str], root: Path) -> str:
+    """`bootstrap.data_fingerprint(domains)`, remembered under `root` for one version of the code that
+    makes the data (envs, schemas, the bootstrap) and of the game engines: computing it plays games
+    (TextWorld: about a minute) and every role resolves its presets at start. A code change recomputes
+    it once; the presets rebuild only if the data itself changed."""
+    from infra.models import bootstrap
+
+    memo = root / "fingerprints" / _key({"domains": sorted(domains), "sources": _sources_digest()})
+    if memo.is_file():
+        return memo.read_text().strip()
+    value = bootstrap.data_fingerprint(domains)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    staging = memo.with_name(f".tmp-{memo.name}-{uuid.uuid4().hex[:8]}")
+    staging.write_text(value + "\n")
+    os.replace(staging, memo)  # atomic: a concurrent reader sees the whole value or none
+    return value
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """Hash of the source files the bootstrap data comes from and of the installed game engines."""
+    import importlib.metadata
+
+    import envs
+    import schemas
+    from infra.models import bootstrap
+
+    h = hashlib.sha256()
+    for package in (envs, schemas):
+        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
+            h.update(path.as_posix().encode() + b"\0" + path.read_bytes())
+    h.update(Path(bootstrap.__file__).read_bytes())
+    for engine in ("textworld",):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            h.update(f"{engine}=={importlib.metadata.version(engine)}".encode())
+    return h.hexdigest()[:16]
+
+
 # --- building ---
 def _key(parts: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -157,7 +194,7 @@ def tiny_tokenizer(domains: list[str], root: Path) -> Path:
     """The word-level tokenizer of `domains`' text, shared by the tiny policy and reward presets."""
     from infra.models import bootstrap
 
-    key = _key({"domains": domains, "data": bootstrap.data_fingerprint(domains), "recipe": BUILD_RECIPE,
+    key = _key({"domains": domains, "data": data_fingerprint(domains, root), "recipe": BUILD_RECIPE,
                 "corpus": bootstrap.CORPUS_VERSION})  # fmt: skip
 
     def build(out: Path) -> None:
