@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from infra.bus import BatchConsumer, Bus, RecentKeys, Record
+from pipeline.groups import RolloutGroup
 from pipeline.samples import build_samples
 from pipeline.taskpool import TaskPool
 from schemas.config import RunConfig, SignalsConfig
@@ -52,23 +53,13 @@ GROUP = "signals"
 
 
 @dataclass
-class Group:
-    """The judged rollouts of one request gathered so far."""
+class Group(RolloutGroup):
+    """A group in flight: its rollouts so far, where its records start, when it opened and completed."""
 
-    request_id: str
     task: TaskSpec  # as embedded in the request (status at request time)
-    group_size: int
     opened_at: float
-    rollouts: dict[int, JudgedTrajectory] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) -> offset
     complete_at: float | None = None
-
-    def ordered(self) -> list[JudgedTrajectory]:
-        return [self.rollouts[i] for i in sorted(self.rollouts)]
-
-    @property
-    def complete(self) -> bool:
-        return len(self.rollouts) >= self.group_size
 
 
 class TaskStatuses:
@@ -116,12 +107,10 @@ class Gatherer:
             return
         group = self.groups.get(trajectory.request_id)
         if group is None:
-            group = Group(trajectory.request_id, trajectory.task, trajectory.group_size, opened_at=now)
+            group = Group(trajectory.request_id, trajectory.group_size, trajectory.task, opened_at=now)
             self.groups[trajectory.request_id] = group
-        if trajectory.rollout_index in group.rollouts:
+        if not group.add(judged):
             self.duplicates += 1
-        else:
-            group.rollouts[trajectory.rollout_index] = judged
         group.first_offsets.setdefault(tp, record.offset)
         if group.complete and group.complete_at is None:
             group.complete_at = now

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import msgspec
 
 from infra.bus import Bus
+from pipeline.groups import whole_groups
 from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig
@@ -54,25 +54,6 @@ class ReplayResult:
             "first_loss": self.losses[0] if self.losses else None,
             "last_loss": self.losses[-1] if self.losses else None,
         }
-
-
-def gather_groups(
-    records: list[Any], since_ms: int, until_ms: int
-) -> tuple[dict[str, list[JudgedTrajectory]], int, int]:
-    """Whole groups among the records in [since_ms, until_ms); returns (groups, complete, incomplete)."""
-    by_request: dict[str, dict[int, JudgedTrajectory]] = defaultdict(dict)
-    for r in records:
-        if since_ms <= r.timestamp_ms < until_ms:
-            judged: JudgedTrajectory = r.value
-            by_request[judged.trajectory.request_id].setdefault(judged.trajectory.rollout_index, judged)
-    groups, incomplete = {}, 0
-    for request_id, rollouts in by_request.items():
-        size = next(iter(rollouts.values())).trajectory.group_size
-        if len(rollouts) >= size:
-            groups[request_id] = [rollouts[i] for i in sorted(rollouts)]
-        else:
-            incomplete += 1
-    return groups, len(groups), incomplete
 
 
 def rejected_variants(task_records: list[Any]) -> set[str]:
@@ -189,8 +170,10 @@ async def replay(
     async with Bus(config.kafka, role="replay") as bus:
         records = await bus.read_topic(topics.JUDGED)
         result.records_read = len(records)
-        result.records_in_range = sum(since_ms <= r.timestamp_ms < until_ms for r in records)
-        groups, result.groups_complete, result.groups_incomplete = gather_groups(records, since_ms, until_ms)
+        in_range = [r.value for r in records if since_ms <= r.timestamp_ms < until_ms]
+        result.records_in_range = len(in_range)
+        groups, result.groups_incomplete = whole_groups(in_range)
+        result.groups_complete = len(groups)
         rejected = rejected_variants(await bus.read_topic(topics.TASKS, latest_per_key=False))
         groups = {rid: g for rid, g in groups.items() if g[0].trajectory.task.task_id not in rejected}
         result.groups_rejected_variant = result.groups_complete - len(groups)

@@ -13,6 +13,7 @@ from aiokafka.partitioner import murmur2
 
 from consumers import archive, signals
 from infra.bus import Bus, Record
+from pipeline.groups import RolloutGroup, whole_groups
 from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig, SignalsConfig
@@ -105,8 +106,21 @@ def group_b(request_id: str = "B", task: TaskSpec = TASK) -> list[JudgedTrajecto
     return [judged(request_id, 0, 2, 1, [[1, 1]], task), judged(request_id, 1, 2, 1, [[1, -1]], task)]
 
 
+def test_whole_groups_count_each_rollout_once_and_order_by_index() -> None:
+    a, b = group_a(), group_b()
+    late = judged("C", 1, 2, 1, [[1, 1]])  # C never completes
+    copy = judged("A", 1, 3, 1, [[1, 1]])  # a redelivered rollout 1 of A (first copy wins)
+    groups, incomplete = whole_groups([a[2], b[1], copy, late, a[0], a[1], b[0]])
+    assert sorted(groups) == ["A", "B"] and incomplete == 1
+    assert [j.trajectory.rollout_index for j in groups["A"]] == [0, 1, 2]
+    assert groups["A"][1] is copy and groups["B"] == b
+    group = RolloutGroup("A", 3)
+    assert [group.add(j) for j in (a[0], a[0], a[1])] == [True, False, True] and not group.complete
+    assert group.add(a[2]) and group.complete and group.ordered() == a
+
+
 def test_build_samples_matches_hand_computed_numbers() -> None:
-    group = signals.Group("A", TASK, 3, opened_at=0.0)
+    group = signals.Group("A", 3, TASK, opened_at=0.0)
     group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
     policy, reward, _ = build_samples(group.request_id, group.ordered(), UNWEIGHTED)
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == A_POLICY
@@ -120,7 +134,7 @@ def test_build_samples_matches_hand_computed_numbers() -> None:
 def test_default_weighs_every_episode_the_same() -> None:
     """Episode weighting (the default): a rollout's advantages times 6 steps / (3 rollouts * its length),
     so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards and the reward samples unchanged."""
-    group = signals.Group("A", TASK, 3, opened_at=0.0)
+    group = signals.Group("A", 3, TASK, opened_at=0.0)
     group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
     policy, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == {
@@ -143,7 +157,7 @@ def test_default_filter_trains_no_policy_step_on_an_all_success_group() -> None:
 
 def test_code_domain_scores_replace_consistency_rewards() -> None:
     """Judgement.score (CURE score of a judge-written unit test) is the raw reward, z-scored over m."""
-    group = signals.Group("A", TASK, 3, opened_at=0.0)
+    group = signals.Group("A", 3, TASK, opened_at=0.0)
     rollouts = []
     for j in group_a():
         steps = [
