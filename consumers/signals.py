@@ -34,6 +34,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 
@@ -50,6 +51,10 @@ from schemas.topics import JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
 
 log = logging.getLogger("forgestream.signals")
 GROUP = "signals"
+# what leaves the gatherer: trained whole, trained with the rollouts that arrived, or dropped: the
+# variant was rejected, stayed undecided, or too few rollouts arrived in time
+Action = Literal["train", "partial", "rejected", "undecided", "timeout"]
+DROPS: tuple[Action, ...] = ("rejected", "undecided", "timeout")
 
 
 @dataclass
@@ -115,24 +120,25 @@ class Gatherer:
         if group.complete and group.complete_at is None:
             group.complete_at = now
 
-    def decide(self, now: float) -> list[tuple[Group, str]]:
-        """Groups leaving memory now, with what to do: 'train', 'partial' or 'drop:<reason>'."""
-        out: list[tuple[Group, str]] = []
+    def decide(self, now: float) -> list[tuple[Group, Action]]:
+        """Groups leaving memory now, with what to do: train, train what arrived (partial), or drop for
+        a reason (`DROPS`)."""
+        out: list[tuple[Group, Action]] = []
         timeout = self.config.group_timeout_s
         overflow = len(self.groups) - self.config.max_open_groups
         for group in list(self.groups.values()):
             decision = self.tasks.decision(group.task)
             expired = overflow > 0 or now - group.opened_at >= timeout
             if decision == "drop":
-                action = "drop:rejected"
+                action: Action = "rejected"
             elif group.complete and decision == "train":
                 action = "train"
             elif not expired:
                 continue
             elif decision == "hold":
-                action = "drop:undecided"
+                action = "undecided"
             else:
-                action = "partial" if len(group.rollouts) >= 2 else "drop:timeout"
+                action = "partial" if len(group.rollouts) >= 2 else "timeout"
             overflow -= 1
             out.append((group, action))
             self.finish(group.request_id)
@@ -161,10 +167,10 @@ class Gatherer:
         return marks
 
 
-async def _publish(bus: Bus, group: Group, action: str, config: SignalsConfig) -> None:
-    if action.startswith("drop:"):
-        log.info("group %s dropped (%s, %d rollouts)", group.request_id, action[5:], len(group.rollouts))
-        await bus.metric("signals/groups_dropped", 1.0, reason=action[5:])
+async def _publish(bus: Bus, group: Group, action: Action, config: SignalsConfig) -> None:
+    if action in DROPS:
+        log.info("group %s dropped (%s, %d rollouts)", group.request_id, action, len(group.rollouts))
+        await bus.metric("signals/groups_dropped", 1.0, reason=action)
         return
     try:
         policy, reward, signals = build_samples(group.request_id, group.ordered(), config)
