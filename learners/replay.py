@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from infra.bus import Bus
-from pipeline.groups import whole_groups
+from pipeline.groups import complete_groups
 from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig
@@ -172,7 +172,7 @@ async def replay(
         result.records_read = len(records)
         in_range = [r.value for r in records if since_ms <= r.timestamp_ms < until_ms]
         result.records_in_range = len(in_range)
-        groups, result.groups_incomplete = whole_groups(in_range)
+        groups, result.groups_incomplete = complete_groups(in_range)
         result.groups_complete = len(groups)
         rejected = rejected_variants(await bus.read_topic(topics.TASKS, latest_per_key=False))
         groups = {rid: g for rid, g in groups.items() if g[0].trajectory.task.task_id not in rejected}

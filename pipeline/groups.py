@@ -36,7 +36,7 @@ class RolloutGroup:
         return [self.rollouts[i] for i in sorted(self.rollouts)]
 
 
-def whole_groups(judged: Iterable[JudgedTrajectory]) -> tuple[dict[str, list[JudgedTrajectory]], int]:
+def complete_groups(judged: Iterable[JudgedTrajectory]) -> tuple[dict[str, list[JudgedTrajectory]], int]:
     """The whole groups among `judged` (request id -> rollouts by index) and how many were not whole."""
     groups: dict[str, RolloutGroup] = {}
     for j in judged:

@@ -13,7 +13,7 @@ from aiokafka.partitioner import murmur2
 
 from consumers import archive, signals
 from infra.bus import Bus, Record
-from pipeline.groups import RolloutGroup, whole_groups
+from pipeline.groups import RolloutGroup, complete_groups
 from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig, SignalsConfig
@@ -106,11 +106,11 @@ def group_b(request_id: str = "B", task: TaskSpec = TASK) -> list[JudgedTrajecto
     return [judged(request_id, 0, 2, 1, [[1, 1]], task), judged(request_id, 1, 2, 1, [[1, -1]], task)]
 
 
-def test_whole_groups_count_each_rollout_once_and_order_by_index() -> None:
+def test_complete_groups_count_each_rollout_once_and_order_by_index() -> None:
     a, b = group_a(), group_b()
     late = judged("C", 1, 2, 1, [[1, 1]])  # C never completes
     copy = judged("A", 1, 3, 1, [[1, 1]])  # a redelivered rollout 1 of A (first copy wins)
-    groups, incomplete = whole_groups([a[2], b[1], copy, late, a[0], a[1], b[0]])
+    groups, incomplete = complete_groups([a[2], b[1], copy, late, a[0], a[1], b[0]])
     assert sorted(groups) == ["A", "B"] and incomplete == 1
     assert [j.trajectory.rollout_index for j in groups["A"]] == [0, 1, 2]
     assert groups["A"][1] is copy and groups["B"] == b
