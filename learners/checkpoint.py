@@ -53,7 +53,8 @@ class LearnerState(msgspec.Struct, kw_only=True):
     optimizer_step: int = 0
     # "topic:partition" -> next offset to read: every record before it is trained, dropped, or pending
     offsets: dict[str, int] = {}
-    trained_keys: list[str] = []  # newest last, bounded by the learner
+    # group (request) id -> newest behaviour version of its trained samples; kept while a copy could be fresh
+    trained_groups: dict[str, int] = {}
     pending: list[TrainSample] = []  # consumed (offsets include them) but not yet trained
     dropped_stale: int = 0
     duplicates: int = 0

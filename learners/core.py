@@ -5,13 +5,16 @@ Produces: WeightsPublished on forge.weights (key = model name; bytes in the weig
           metrics learner/<name>/{version,loss,kl,clip_fraction,is_weight_mean,lr,tokens_per_s,grad_norm,
           dropped_stale,dropped_invalid,duplicates,samples_trained} and `staleness` (mean over the
           samples of a step, label model=<name>).
-Loop: consume -> dedupe by sample_key -> drop whole groups older than version - eta -> a batch of
+Loop: consume -> dedupe by group (a request trains once) -> drop whole groups older than version - eta -> a batch of
 whole groups -> proximal logprobs once (no grad) -> `minibatches` shuffled steps (token-budget
 micro-batches, algorithm.policy_loss, AdamW with a linear warm-up) -> every `publish_every` batches a
 new version: a checkpoint first, then the publish, then the offset commit.
 Invariant: offsets are committed only after a checkpoint that includes them, and a checkpoint holds
 the consumed-but-untrained samples, so after kill -9 and restart no sample key is trained twice by
-the surviving weights and none is skipped. Versions only grow: a restart continues from
+the surviving weights and none is skipped. A group (one rollout request) trains at most once, whatever
+copies signals publishes (a redelivery, or a group re-formed after a restart with other rollouts): a
+trained group is remembered until its newest sample is older than version - eta, from when on any copy
+is stale; so the memory holds about eta versions of groups, with no cap. Versions only grow: a restart continues from
 max(checkpoint version, newest published version).
 Scope: the role is one process (DeepSpeed runs as a world of 1); the engine and Trainer also work
 under torchrun data parallel (equal shards, micro-batch counts aligned across ranks), which
@@ -24,7 +27,6 @@ import collections
 import copy
 import random
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +46,6 @@ from learners.engine import Engine, build_engine
 from schemas import topics
 from schemas.config import LearnerConfig, ModelConfig, RunConfig
 from schemas.events import WeightsPublished
-
-MAX_TRAINED_KEYS = 200_000  # dedup memory (and checkpoint size) bound
 
 
 @dataclass(frozen=True)
@@ -346,8 +346,6 @@ class Learner:
         else:  # a restart reloads the reference from the preset: the start weights, not the checkpoint's
             reference = reference_weights(spec.model, self.cfg, role=spec.name, workdir=workdir)
             self.trainer = Trainer(self.engine, self.cfg, spec.model.temperature, reference)
-        self.trained = deque(self.state.trained_keys, maxlen=MAX_TRAINED_KEYS)
-        self.seen = set(self.trained) | {s.key for s in self.state.pending}
         self.pending: list[TrainSample] = list(self.state.pending)
         self.offsets = ckpt.offsets_from_state(self.state.offsets)
         self.dirty = False  # progress since the last checkpoint
@@ -356,18 +354,19 @@ class Learner:
 
     # --- consume ---
     def ingest(self, records: list[Record[Any]]) -> int:
-        """Queue new samples; returns how many were duplicates (already trained or queued)."""
+        """Queue new samples; returns how many were duplicates (their group already trained or queued)."""
         dups = 0
+        queued = {s.group_id for s in self.pending}
         for r in records:
             self.offsets[(r.topic, r.partition)] = r.offset + 1
             samples, invalid = to_train_samples(r.value, self.spec.version_field)
             self.dropped_invalid += invalid
-            for s in samples:
-                if s.key in self.seen:
+            for s in samples:  # a group's samples come in one record: a group seen before is a copy
+                if s.group_id in queued or s.group_id in self.state.trained_groups:
                     dups += 1
-                    continue
-                self.seen.add(s.key)
-                self.pending.append(s)
+                else:
+                    self.pending.append(s)
+            queued |= {s.group_id for s in samples}
             self.dirty = True
         self.state.duplicates += dups
         return dups
@@ -391,6 +390,9 @@ class Learner:
             oldest[s.group_id] = min(oldest.get(s.group_id, s.version), s.version)
         groups = list(oldest)
         kept, _ = filter_stale([oldest[g] for g in groups], self.state.version, self.cfg.eta)
+        # a trained group whose newest sample is now stale needs no memory: any copy of it is stale too
+        floor = self.state.version - self.cfg.eta
+        self.state.trained_groups = {g: v for g, v in self.state.trained_groups.items() if v >= floor}
         fresh = {groups[i] for i in kept}
         before = len(self.pending)
         self.pending = [s for s in self.pending if s.group_id in fresh]
@@ -403,13 +405,15 @@ class Learner:
         then `minibatches` optimizer steps per epoch over seeded shuffles; a new version after every
         `publish_every` batches."""
         batch = whole_groups(self.pending, self.cfg.batch_samples)
+        for s in batch:  # remembered by their newest sample (see drop_stale)
+            newest = self.state.trained_groups.get(s.group_id, s.version)
+            self.state.trained_groups[s.group_id] = max(newest, s.version)
         random.Random(self.state.optimizer_step).shuffle(batch)
         outcomes = []
         for epoch, last, stats in self.trainer.batch_steps(batch, first_step=self.state.optimizer_step):
             if epoch == 0:
                 keys = set(stats.keys)
                 self.pending = [s for s in self.pending if s.key not in keys]
-                self.trained.extend(stats.keys)
                 self.state.samples_trained += len(stats.keys)
             self.waiting_since = None
             self.state.optimizer_step += 1
@@ -432,13 +436,11 @@ class Learner:
     def checkpoint(self) -> dict[tuple[str, int], int]:
         """Write a complete checkpoint; returns the offsets it covers (now safe to commit)."""
         self.state.offsets = ckpt.offsets_to_state(self.offsets)
-        self.state.trained_keys = list(self.trained)
         self.state.pending = list(self.pending)
         tensors, _ = self.engine.optimizer_state()
         with self.engine.full_parameters():
             if self.engine.rank == 0:
                 ckpt.save_checkpoint(self.root, self.state, self.model, tensors)
-        self.seen = set(self.trained) | {s.key for s in self.pending}  # bounded like `trained`
         self.dirty = False
         return dict(self.offsets)
 

@@ -358,22 +358,24 @@ async def test_role_drops_stale_and_duplicates_and_publishes(tmp_path: Path, kaf
         tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
         await send_batches(kafka_config, [sample_batch("a", 4, version=0)])
         await wait_for(lambda: len(ckpt.read_lineage(root)) == 1, 60, "first step")
-        # learner is at v1 with eta 0: version-0 samples are stale; "a/0/0" was trained already
+        # learner is at v1 with eta 0: version-0 samples are stale; a copy of group c re-formed with a
+        # third rollout (signals after a restart) is the same request: dropped whole, as duplicates
         stale = sample_batch("b", 3, version=0)
-        fresh = sample_batch("c", 2, version=1, keys=["c/0/0", "a/0/0"])
-        await send_batches(kafka_config, [stale, fresh])
+        fresh = sample_batch("c", 2, version=1)
+        copy = sample_batch("c", 3, version=1)
+        await send_batches(kafka_config, [stale, fresh, copy])
         await wait_for(lambda: len(ckpt.read_lineage(root)) == 2, 60, "second step")
         shutdown.set()
     lineage = ckpt.read_lineage(root)
-    assert [sorted(e["keys"]) for e in lineage] == [["a/0/0", "a/1/0", "a/2/0", "a/3/0"], ["c/0/0"]]
+    assert [sorted(e["keys"]) for e in lineage] == [["a/0/0", "a/1/0", "a/2/0", "a/3/0"], ["c/0/0", "c/1/0"]]
     metrics = await read_values(kafka_config, topics.METRICS)
     dropped = [m.value for m in metrics if m.name == "learner/policy/dropped_stale"]
     assert dropped and dropped[-1] == 3
-    assert [m.value for m in metrics if m.name == "learner/policy/duplicates"][-1] == 1
+    assert [m.value for m in metrics if m.name == "learner/policy/duplicates"][-1] == 3
     assert any(m.name == "staleness" and m.labels.get("model") == "policy" for m in metrics)
-    # the distribution of the kept samples' staleness: a's 4 at v0 and c's 1 at v1, all fresh
+    # the distribution of the kept samples' staleness: a's 4 at v0 and c's 2 at v1, all fresh
     lags = [(m.labels["versions"], m.value) for m in metrics if m.name == "learner/policy/staleness_samples"]
-    assert lags == [("0", 4.0), ("0", 1.0)]
+    assert lags == [("0", 4.0), ("0", 2.0)]
     assert {"learner/policy/loss", "learner/policy/tokens_per_s", "learner/policy/kl"} <= {
         m.name for m in metrics
     }
@@ -382,6 +384,8 @@ async def test_role_drops_stale_and_duplicates_and_publishes(tmp_path: Path, kaf
     AutoModelForCausalLM.from_pretrained(weights[-1].uri)  # users can take the weights elsewhere
     state = ckpt.load_state(ckpt.latest_checkpoint(root))
     assert state.version == 2 and state.dropped_stale == 3 and not state.pending
+    # a (newest sample v0) was forgotten once v0 was stale at v1: any copy of it is dropped as stale
+    assert state.trained_groups == {"c": 1}
 
 
 CHILD = """
@@ -445,7 +449,8 @@ async def test_kill9_between_checkpoints_then_restart(tmp_path: Path, kafka_conf
     weights = [w.version for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
     assert weights == [0, 1, 2, 3, 4, 5, 6]  # versions continue after the restart (v3 kept its number)
     state = ckpt.load_state(ckpt.latest_checkpoint(root))
-    assert state.version == 6 and sorted(state.trained_keys) == all_keys and not state.pending
+    assert state.version == 6 and not state.pending
+    assert sorted(state.trained_groups) == sorted(b.request_id for b in first + second)  # eta 100: all fresh
 
 
 async def test_reward_role_trains_on_reward_samples(tmp_path: Path, kafka_config) -> None:
