@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from envs import get_environment, parse_boxed
+from envs import parse_boxed, shared_environment
 from envs.base import Environment
 from infra.bus import Bus, Record
 from pipeline.taskpool import TaskPool
@@ -139,7 +139,6 @@ def choose(text: str, count: int) -> int:
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
     cfg = config.env_model
-    envs: dict[str, Environment] = {}  # per domain: a variant is of its parent's domain
     pool = TaskPool()
     backend: Any = None
     if cfg.kind == "llm":
@@ -167,7 +166,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 await bus.metric("env_model/ineligible", 1.0, kind=event.kind)
                 return
             # --- propose (oracle checks can run model-written code: off the event loop) ---
-            env = envs.get(parent.domain) or envs.setdefault(parent.domain, get_environment(parent.domain))
+            env = shared_environment(parent.domain)  # a variant is of its parent's domain
             rng = random.Random(f"{config.seed}:{event.event_id}")
             want = cfg.llm_candidates if backend is not None else 1
             found, refused = await anyio.to_thread.run_sync(

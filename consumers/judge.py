@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import socket
-import uuid
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from algorithm import cure_test_raw
-from envs import get_environment, judge_prompt, parse_verdict
+from envs import judge_prompt, parse_verdict, shared_environment
 from envs.base import Environment
 from infra.bus import Bus, Record
-from infra.models import load_backend
-from infra.weights import WeightStore, WeightsWatcher
+from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import JudgedTrajectory, Judgement, StepJudgement, Trajectory
@@ -133,28 +128,16 @@ def judge_steps(
 # --- the role ------------------------------------------------------------------------------------
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
-    import torch
-
-    torch.set_num_threads(config.reward_model.torch_threads)
     cfg, model = config.judge, config.reward_model  # RunConfig holds judge.temperature == the model's
-    workdir = Path(config.workdir)
-    judge_id = f"judge-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="reward", workdir=workdir))
-    store = WeightStore.for_run(config)
-    envs: dict[str, Environment] = {}
 
     async with Bus(config.kafka, role="judge") as bus:
-        watcher = WeightsWatcher(bus, store, "reward")
-
-        async def refresh_weights() -> None:
-            """Load the newest version if there is one (a refused version is remembered, not retried)."""
-            if watcher.newer_than(backend.version) is not None:
-                await anyio.to_thread.run_sync(watcher.apply, backend)
+        serving = await load_serving_model(config, bus, "reward")
+        backend, watcher, judge_id = serving.backend, serving.watcher, serving.worker_id
 
         def judge(trajectory: Trajectory) -> JudgedTrajectory:
             """Blocking: prompts, one batched generate of m samples per step, verdicts."""
             domain = trajectory.task.domain
-            env = envs.get(domain) or envs.setdefault(domain, get_environment(domain))
+            env = shared_environment(domain)
             build = code_prompts if domain == "code" else verdict_prompts
             prompts = build(env, trajectory)
             version = backend.version
@@ -170,7 +153,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def handle(record: Record[Any]) -> None:
             trajectory: Trajectory = record.value
-            await refresh_weights()
+            await serving.refresh()
             judged = await anyio.to_thread.run_sync(functools.partial(judge, trajectory))
             await bus.send(topics.JUDGED, judged, key=trajectory.request_id)
             await bus.metric("judge/judged", 1.0, step=judged.reward_version, judge=judge_id)

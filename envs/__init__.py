@@ -7,6 +7,7 @@ live in envs/judging.py and are re-exported here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from envs.base import Direction, Environment, Episode, StepResult
@@ -23,6 +24,12 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 DOMAINS: tuple[str, ...] = tuple(_REGISTRY)
 
 
+@functools.cache
+def shared_environment(domain: str) -> Environment:
+    """One environment per domain and process, for roles that step many tasks (actors, judges, env model)."""
+    return get_environment(domain)
+
+
 def get_environment(domain: str) -> Environment:
     """A fresh environment for `domain` (one of DOMAINS); environments are stateless, cheap to build."""
     try:
@@ -35,6 +42,7 @@ def get_environment(domain: str) -> Environment:
 
 __all__ = [
     "DOMAINS",
+    "shared_environment",
     "Direction",
     "Environment",
     "Episode",

@@ -20,20 +20,16 @@ import collections
 import functools
 import logging
 import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-from envs import get_environment
-from envs.base import Environment, Episode
+from envs import shared_environment
+from envs.base import Episode
 from infra.bus import BatchConsumer, Bus, Record
-from infra.models import load_backend
-from infra.weights import WeightStore, WeightsWatcher
+from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import RolloutRequest, Step, Trajectory
@@ -145,15 +141,7 @@ def play_turn(live: list[LiveEpisode], prompts: list[str], completions: list[lis
 # --- the role ------------------------------------------------------------------------------------
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
-    import torch
-
-    torch.set_num_threads(config.policy_model.torch_threads)
     cfg, model = config.actor, config.policy_model
-    workdir = Path(config.workdir)
-    actor_id = f"actor-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    backend = await anyio.to_thread.run_sync(lambda: load_backend(model, role="policy", workdir=workdir))
-    store = WeightStore.for_run(config)
-    envs: dict[str, Environment] = {}
     offsets = OffsetTracker()
     finished_ids = RecentIds(config.kafka.dedup_window)
     running: dict[str, RequestRun] = {}
@@ -164,12 +152,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     expected_n = config.scheduler.rollouts_per_task
 
     async with Bus(config.kafka, role="actor") as bus:
-        watcher = WeightsWatcher(bus, store, "policy")
-
-        async def refresh_weights() -> None:
-            """Load the newest version if there is one (a refused version is remembered, not retried)."""
-            if watcher.newer_than(backend.version) is not None:
-                await anyio.to_thread.run_sync(watcher.apply, backend)
+        serving = await load_serving_model(config, bus, "policy")
+        backend, watcher, actor_id = serving.backend, serving.watcher, serving.worker_id
 
         async def admit(consumer: Any) -> None:
             """Fetch requests while fewer episodes than parallel_episodes are live or waiting."""
@@ -226,8 +210,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     blocked.append((request_run, index))
                     continue
                 task = request_run.request.task
-                env = envs.get(task.domain) or envs.setdefault(task.domain, get_environment(task.domain))
-                episode = env.reset(task)
+                episode = shared_environment(task.domain).reset(task)
                 live.append(LiveEpisode(request_run, index, episode, min(cfg.max_steps, episode.max_steps)))
             waiting.extendleft(reversed(blocked))
 
@@ -266,7 +249,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     await admit(consumer)
                     drop_revoked(consumer)
                     if cfg.swap_weights == "every_turn" or not live:
-                        await refresh_weights()
+                        await serving.refresh()
                         start_episodes()
                     elif watcher.newer_than(backend.version) is None:
                         start_episodes()  # else the running episodes finish on their version first
