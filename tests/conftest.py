@@ -73,13 +73,40 @@ def kafka_config(broker: Broker | ExternalBroker) -> KafkaConfig:
     return config
 
 
-async def wait_records(bus: Any, topic: str, ok: Any, *, timeout: float = 60.0) -> list[Any]:
-    """Values on `topic` once `ok(values)` holds (re-read from the start until then)."""
+async def eventually(check: Any, timeout_s: float, what: str, *, interval_s: float = 0.2) -> Any:
+    """Poll `check()` (plain or async) until it returns something truthy, and return that; an
+    AssertionError naming `what` after `timeout_s`."""
+    import inspect
+    import time
+
     import anyio
 
-    with anyio.fail_after(timeout):
-        while True:
-            values = [r.value for r in await bus.read_topic(topic)]
-            if ok(values):
-                return values
-            await anyio.sleep(0.2)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await anyio.sleep(interval_s)
+
+
+async def wait_records(
+    bus: Any, topic: str, ok: Any, *, timeout: float = 60.0, latest_per_key: bool | None = None
+) -> list[Any]:
+    """Values on `topic` once `ok(values)` holds (re-read from the start until then; `latest_per_key` as
+    in `read_topic`: by default only compacted topics keep one value per key); an AssertionError with
+    the topic's last values after `timeout`."""
+    seen: list[Any] = []
+
+    async def values_ok() -> bool:
+        seen[:] = [r.value for r in await bus.read_topic(topic, latest_per_key=latest_per_key)]
+        return bool(ok(seen))
+
+    try:
+        await eventually(values_ok, timeout, f"{topic}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {seen}") from None
+    return seen

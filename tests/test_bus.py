@@ -23,6 +23,7 @@ from schemas import codec
 from schemas import events as ev
 from schemas import topics as T
 from schemas.config import KafkaConfig
+from tests.conftest import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,12 +35,6 @@ def request(i: int) -> ev.RolloutRequest:
 
 def metric(i: int, name: str = "m") -> ev.Metric:
     return ev.Metric(role="test", name=name, value=float(i), step=i)
-
-
-async def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    with anyio.fail_after(timeout_s):
-        while not await condition():
-            await anyio.sleep(0.1)
 
 
 async def consume_until(
@@ -347,11 +342,11 @@ async def test_group_of_two_processes_survives_kill_9(kafka_config: KafkaConfig)
                     not need_both or len(roles) == 2
                 )
 
-            await wait_for(lambda: effects_by(60, need_both=True), 40, "both workers to produce effects")
+            await eventually(lambda: effects_by(60, need_both=True), 40, "both workers to produce effects")
             procs["w1"].send_signal(signal.SIGKILL)
             procs["w1"].wait(5)
             done_before_kill = Counter(e.role for e in effects)
-            await wait_for(lambda: effects_by(N_EVENTS), 60, "every event to be handled")
+            await eventually(lambda: effects_by(N_EVENTS), 60, "every event to be handled")
             assert Counter(e.role for e in effects)["w2"] > done_before_kill["w2"]
         finally:
             for p in procs.values():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,6 +22,7 @@ from schemas.events import (
     TaskSpec,
     Trajectory,
 )
+from tests.conftest import wait_records
 
 PARENT = TaskSpec(task_id="p", domain="arith", difficulty=0, params={}, seed=1)
 VARIANT = TaskSpec(
@@ -105,19 +105,6 @@ def test_decide_rules() -> None:
     assert [(t.task_id, t.status, t.version) for t in rejected.updates] == [("v", "retired", 1)]
 
 
-async def wait_for(
-    bus: Bus, topic: str, predicate: Callable[[list[Any]], bool], timeout_s: float = 45.0
-) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        values = [r.value for r in await bus.read_topic(topic, latest_per_key=False)]
-        if predicate(values):
-            return values
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting on {topic}: {values}")
-        await anyio.sleep(0.3)
-
-
 async def send_all(bus: Bus, values: list[JudgedTrajectory]) -> None:
     for value in values:
         await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
@@ -143,14 +130,26 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
             # --- 7 of 8 succeed: harder, with the failed rollout's high-risk step ---
             await send_all(bus, group(PARENT, "r1", 7))
             await send_all(bus, group(PARENT, "r1", 7)[:2])  # redelivered: not counted again
-            events = await wait_for(bus, topics.TASK_EVENTS, lambda v: ("p", "harder") in kinds(v))
+            events = await wait_records(
+                bus,
+                topics.TASK_EVENTS,
+                lambda v: ("p", "harder") in kinds(v),
+                timeout=45.0,
+                latest_per_key=False,
+            )
             [harder] = events
             assert (harder.accuracy, harder.rollouts, harder.critic.high_risk_steps) == (0.875, 8, [[1]])
 
             # --- the env model's pending variant reaches 4/8 < 0.875: accepted, parent retired ---
             await bus.send(topics.TASKS, VARIANT, key="v")
             await send_all(bus, group(VARIANT, "r2", 4))
-            events = await wait_for(bus, topics.TASK_EVENTS, lambda v: ("v", "accepted") in kinds(v))
+            events = await wait_records(
+                bus,
+                topics.TASK_EVENTS,
+                lambda v: ("v", "accepted") in kinds(v),
+                timeout=45.0,
+                latest_per_key=False,
+            )
             tasks = {r.value.task_id: r.value for r in await bus.read_topic(topics.TASKS)}
             assert (tasks["v"].status, tasks["v"].version, tasks["p"].status, tasks["p"].version) == (
                 "active",
@@ -162,7 +161,9 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
                 msgspec.structs.replace(VARIANT, created_at=0.0)
             )
 
-            letters = await wait_for(bus, topics.DLQ, lambda v: len(v) >= 1)
+            letters = await wait_records(
+                bus, topics.DLQ, lambda v: len(v) >= 1, timeout=45.0, latest_per_key=False
+            )
             assert letters[0].value == b"\xc1 not msgpack" and letters[0].error.startswith("decode")
             # the record's real place in the source topic, not the repartition topic's
             source = (letters[0].source_topic, letters[0].partition, letters[0].offset, letters[0].key)
@@ -180,7 +181,13 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: forge.run(config, shutdown=shutdown))
             await send_all(bus, group(other, "r3", 1)[3:])
-            events = await wait_for(bus, topics.TASK_EVENTS, lambda v: ("q", "easier") in kinds(v))
+            events = await wait_records(
+                bus,
+                topics.TASK_EVENTS,
+                lambda v: ("q", "easier") in kinds(v),
+                timeout=45.0,
+                latest_per_key=False,
+            )
             shutdown.set()
         easier = next(e for e in events if e.kind == "easier")
         assert (easier.accuracy, easier.rollouts, len(easier.critic.high_risk_steps)) == (0.125, 8, 7)

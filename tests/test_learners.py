@@ -23,6 +23,7 @@ from learners.checkpoint import LearnerState, TrainSample
 from learners.core import Trainer, pack_micro_batches, warmup_lr, whole_groups
 from learners.engine import TorchEngine
 from schemas.config import LearnerConfig
+from tests.conftest import eventually
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,16 +314,6 @@ async def send_batches(kafka_config, batches) -> None:
             await bus.send(topics.SAMPLES_POLICY, b, key=b.request_id)
 
 
-async def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await anyio.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 async def wait_for_version(kafka_config, version: int, timeout_s: float) -> None:
     from schemas import topics
 
@@ -357,14 +348,14 @@ async def test_role_drops_stale_and_duplicates_and_publishes(tmp_path: Path, kaf
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
         await send_batches(kafka_config, [sample_batch("a", 4, version=0)])
-        await wait_for(lambda: len(ckpt.read_lineage(root)) == 1, 60, "first step")
+        await eventually(lambda: len(ckpt.read_lineage(root)) == 1, 60, "first step")
         # learner is at v1 with eta 0: version-0 samples are stale; a copy of group c re-formed with a
         # third rollout (signals after a restart) is the same request: dropped whole, as duplicates
         stale = sample_batch("b", 3, version=0)
         fresh = sample_batch("c", 2, version=1)
         copy = sample_batch("c", 3, version=1)
         await send_batches(kafka_config, [stale, fresh, copy])
-        await wait_for(lambda: len(ckpt.read_lineage(root)) == 2, 60, "second step")
+        await eventually(lambda: len(ckpt.read_lineage(root)) == 2, 60, "second step")
         shutdown.set()
     lineage = ckpt.read_lineage(root)
     assert [sorted(e["keys"]) for e in lineage] == [["a/0/0", "a/1/0", "a/2/0", "a/3/0"], ["c/0/0", "c/1/0"]]
@@ -427,15 +418,16 @@ async def test_kill9_between_checkpoints_then_restart(tmp_path: Path, kafka_conf
     try:
         await send_batches(kafka_config, first)
         # steps 1-3 -> versions 1-3; checkpoints at versions 2 and 4: v3 is published, not checkpointed
-        await wait_for(lambda: len(ckpt.read_lineage(root)) >= 3, 120, "three steps before the kill")
+        await eventually(lambda: len(ckpt.read_lineage(root)) >= 3, 120, "three steps before the kill")
         await wait_for_version(kafka_config, 3, 30)  # announced on forge.weights, not just in the store
         assert ckpt.latest_checkpoint(root).name == "step-00000002"
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(10)
         procs.append(start_learner(config_path, log))
         await send_batches(kafka_config, second)
-        await wait_for(lambda: sorted(lineage_keys(root)) == all_keys, 120, "every key in the lineage")
-        await wait_for(lambda: ckpt.latest_checkpoint(root).name == "step-00000005", 60, "final checkpoint")
+        await eventually(lambda: sorted(lineage_keys(root)) == all_keys, 120, "every key in the lineage")
+        await eventually(lambda: ckpt.latest_checkpoint(root).name == "step-00000005", 60, "final checkpoint")
+        await wait_for_version(kafka_config, 6, 60)  # the publish follows its checkpoint
     finally:
         for p in procs:
             if p.poll() is None:
@@ -483,7 +475,7 @@ async def test_reward_role_trains_on_reward_samples(tmp_path: Path, kafka_config
             await bus.send(
                 topics.SAMPLES_REWARD, RewardSampleBatch(request_id="j0", samples=samples), key="j0"
             )
-        await wait_for(lambda: len(ckpt.read_lineage(root)) == 1, 60, "a reward-model step")
+        await eventually(lambda: len(ckpt.read_lineage(root)) == 1, 60, "a reward-model step")
         shutdown.set()
     weights = [w for w in await read_values(kafka_config, topics.WEIGHTS)]
     assert [(w.model, w.version) for w in weights] == [("reward", 0), ("reward", 1)]
@@ -510,8 +502,8 @@ async def test_role_with_lora_and_two_minibatches(tmp_path: Path, kafka_config) 
         tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
         # batch_samples 4: group l0 (3 samples) is not enough, so l1 joins it whole (6 samples)
         await send_batches(kafka_config, [sample_batch("l0", 3), sample_batch("l1", 3)])
-        await wait_for(lambda: len(ckpt.read_lineage(root)) == 2, 60, "two minibatch steps")
-        await wait_for(lambda: ckpt.latest_checkpoint(root) is not None and ckpt.load_state(
+        await eventually(lambda: len(ckpt.read_lineage(root)) == 2, 60, "two minibatch steps")
+        await eventually(lambda: ckpt.latest_checkpoint(root) is not None and ckpt.load_state(
             ckpt.latest_checkpoint(root)).version == 1, 60, "the batch's version checkpointed")  # fmt: skip
         shutdown.set()
     lineage = ckpt.read_lineage(root)
@@ -538,8 +530,8 @@ async def test_two_epochs_pass_twice_over_one_batch(tmp_path: Path, kafka_config
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: policy.run(config, shutdown=shutdown))
         await send_batches(kafka_config, [sample_batch("l0", 3), sample_batch("l1", 3)])
-        await wait_for(lambda: len(ckpt.read_lineage(root)) == 4, 60, "four steps")
-        await wait_for(lambda: ckpt.latest_checkpoint(root) is not None and ckpt.load_state(
+        await eventually(lambda: len(ckpt.read_lineage(root)) == 4, 60, "four steps")
+        await eventually(lambda: ckpt.latest_checkpoint(root) is not None and ckpt.load_state(
             ckpt.latest_checkpoint(root)).version == 1, 60, "the batch's version checkpointed")  # fmt: skip
         shutdown.set()
     lineage = ckpt.read_lineage(root)

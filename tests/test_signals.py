@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -26,6 +25,7 @@ from schemas.events import (
     TaskSpec,
     Trajectory,
 )
+from tests.conftest import wait_records
 
 TASK = TaskSpec(task_id="t-base", domain="arith", difficulty=0, params={}, seed=1)
 
@@ -231,19 +231,6 @@ def same_partition_key(prefix: str, like: str, partitions: int) -> str:
     return next(f"{prefix}{i}" for i in range(10_000) if partition_of(f"{prefix}{i}", partitions) == target)
 
 
-async def wait_for(
-    bus: Bus, topic: str, predicate: Callable[[list[Any]], bool], timeout_s: float = 30.0
-) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        values = [r.value for r in await bus.read_topic(topic)]
-        if predicate(values):
-            return values
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting on {topic}: {values}")
-        await anyio.sleep(0.2)
-
-
 def keyed(batches: list[Any]) -> dict[str, tuple[float, float]]:
     return {s.sample_key: (s.reward, round(s.advantage, 6)) for b in batches for s in b.samples}
 
@@ -282,12 +269,12 @@ async def test_signals_role_end_to_end(kafka_config: Any) -> None:
             await bus.send(topics.JUDGED, value, key=probe_id)
 
         # --- A and B exactly once; the held pending group C not yet ---
-        policy = await wait_for(
+        policy = await wait_records(
             bus, topics.SAMPLES_POLICY, lambda v: {b.request_id for b in v} >= {"A", "B", probe_id}
         )
         assert sorted(b.request_id for b in policy) == sorted(["A", "B", probe_id])
         assert keyed([b for b in policy if b.request_id in "AB"]) == A_POLICY | B_POLICY
-        reward = await wait_for(bus, topics.SAMPLES_REWARD, lambda v: len(v) >= 1)
+        reward = await wait_records(bus, topics.SAMPLES_REWARD, lambda v: len(v) >= 1)
         assert [b.request_id for b in reward] == ["A"] and keyed(reward) == A_REWARD
 
         # --- forge accepts v (active, version bumped) and rejects w (retired) ---
@@ -297,7 +284,7 @@ async def test_signals_role_end_to_end(kafka_config: Any) -> None:
         await bus.send(
             topics.TASKS, TaskSpec(**{**_fields(rejected), "status": "retired", "version": 1}), key="w"
         )
-        policy = await wait_for(bus, topics.SAMPLES_POLICY, lambda v: "C" in {b.request_id for b in v})
+        policy = await wait_records(bus, topics.SAMPLES_POLICY, lambda v: "C" in {b.request_id for b in v})
         assert keyed([b for b in policy if b.request_id == "C"]) == {
             "C/0/0": (2.0, 1.0),
             "C/1/0": (1.0, -1.0),
@@ -308,7 +295,7 @@ async def test_signals_role_end_to_end(kafka_config: Any) -> None:
                 m.name == "signals/groups_dropped" and m.labels == {"reason": "rejected"} for m in values
             )
 
-        await wait_for(bus, topics.METRICS, dropped)
+        await wait_records(bus, topics.METRICS, dropped)
         policy = [r.value for r in await bus.read_topic(topics.SAMPLES_POLICY)]
         assert "D" not in {b.request_id for b in policy}
         shutdown.set()
@@ -346,13 +333,15 @@ async def test_signals_restart_rebuilds_an_open_group_from_the_watermark(kafka_c
             tg.start_soon(lambda: signals.run(config, shutdown=shutdown))
             for value in [a[0], a[1], *group_b(probe_id)]:  # A open, then a whole group behind it
                 await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
-            await wait_for(bus, topics.SAMPLES_POLICY, lambda v: probe_id in {b.request_id for b in v})
+            await wait_records(bus, topics.SAMPLES_POLICY, lambda v: probe_id in {b.request_id for b in v})
             shutdown.set()  # A's first offset is the committed watermark: its 2 rollouts are not lost
 
         shutdown = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: signals.run(config, shutdown=shutdown))
             await bus.send(topics.JUDGED, a[2], key="A")
-            policy = await wait_for(bus, topics.SAMPLES_POLICY, lambda v: "A" in {b.request_id for b in v})
+            policy = await wait_records(
+                bus, topics.SAMPLES_POLICY, lambda v: "A" in {b.request_id for b in v}
+            )
             shutdown.set()
     assert keyed([b for b in policy if b.request_id == "A"]) == A_POLICY
