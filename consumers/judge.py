@@ -14,10 +14,10 @@ episode context rebuilt by replaying the trajectory's responses in a fresh episo
 (`Episode.judge_context`); m samples per step from one batched generate over all steps; the last
 `\\boxed{}` is the verdict (+1 / -1, 0 unparseable).
 
-Code domain: the reward model writes unit tests instead (envs.code's test prompt). A judgement's
-tests are checked against the task's reference solution (a test whose expected output the reference
-does not produce is invalid); the policy's program is run on the valid ones: verdict +1 if it passes
-them all, -1 if it fails one, 0 if there is no valid test. `score` is the judgement's CURE score
+Domains judged by unit tests (`Environment.judged_by`, the code domain): the reward model writes
+tests instead (envs.code's test prompt). A judgement's tests are checked against the task's reference
+solution (a test whose expected output the reference does not produce is invalid); the policy's
+program is run on the valid ones: verdict +1 if it passes them all, -1 if it fails one, 0 if there is no valid test. `score` is the judgement's CURE score
 (`algorithm.cure_test_raw` summed over its tests, with the trajectory's program as the candidate
 and its outcome as that program's correctness).
 """
@@ -114,10 +114,9 @@ def code_judgements(
 def judge_steps(
     env: Environment, trajectory: Trajectory, completions: list[list[Any]]
 ) -> list[StepJudgement]:
-    code = trajectory.task.domain == "code"
     out = []
     for step, samples in zip(trajectory.steps, completions, strict=True):
-        if code:
+        if env.judged_by == "unit_tests":
             judgements = code_judgements(env, trajectory, step.response, samples)
         else:
             judgements = [judgement(c, parse_verdict(c.text)) for c in samples]
@@ -136,9 +135,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         def judge(trajectory: Trajectory) -> JudgedTrajectory:
             """Blocking: prompts, one batched generate of m samples per step, verdicts."""
-            domain = trajectory.task.domain
-            env = shared_environment(domain)
-            build = code_prompts if domain == "code" else verdict_prompts
+            env = shared_environment(trajectory.task.domain)
+            build = code_prompts if env.judged_by == "unit_tests" else verdict_prompts
             prompts = build(env, trajectory)
             version = backend.version
             completions = backend.generate(

@@ -331,6 +331,7 @@ def _task_tree(task: TaskSpec) -> Tree:
 # --- the environment ---
 class ArithEnv:
     domain = "arith"
+    judged_by = "verdicts"
     levels = len(LEVELS)
 
     def _make(

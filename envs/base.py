@@ -55,6 +55,9 @@ class Episode(Protocol):
 class Environment(Protocol):
     domain: str
     levels: int  # difficulties are 0 .. levels-1, easiest first
+    # how the reward model judges a step: a verdict \boxed{1} / \boxed{-1} (the paper's prompt), or
+    # unit tests it writes for the step's program, run in the sandbox (CURE-style scores)
+    judged_by: Literal["verdicts", "unit_tests"]
 
     def sample_task(self, difficulty: int, rng: random.Random) -> TaskSpec:
         """A fresh active task at that difficulty; deterministic in rng."""

@@ -302,6 +302,7 @@ class CodeEpisode:
 
 class CodeEnv:
     domain = "code"
+    judged_by = "unit_tests"
     levels = len(LEVELS)
 
     def __init__(self, limits: SandboxLimits = LIMITS) -> None:

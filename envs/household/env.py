@@ -187,6 +187,7 @@ class HouseholdEnv:
     """Rooms, receptacles and objects; pick-and-place and its harder cousins (implements Environment)."""
 
     domain = "household"
+    judged_by = "verdicts"
     levels = len(LADDER)
 
     def __init__(self, max_steps: int = 40) -> None:

@@ -207,6 +207,7 @@ class TextWorldEnv:
     """TextWorld cooking games on a ladder of the engine's knobs (implements Environment)."""
 
     domain = "textworld"
+    judged_by = "verdicts"
     levels = len(LADDER)
     # Bootstrap SFT (presets) draws its tasks from a fixed pool: a new game is 5-20 s of `tw-make`, and
     # the policy preset alone plays ~3,000 episodes. 16 games on each of the first 5 rungs (walkthroughs
