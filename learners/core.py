@@ -5,8 +5,8 @@ Produces: WeightsPublished on forge.weights (key = model name; bytes in the weig
           metrics learner/<name>/{version,loss,kl,clip_fraction,is_weight_mean,lr,tokens_per_s,grad_norm,
           dropped_stale,dropped_invalid,duplicates,samples_trained} and `staleness` (mean over the
           samples of a step, label model=<name>).
-Loop: consume -> dedupe by group (a request trains once) -> drop whole groups older than version - eta -> a batch of
-whole groups -> proximal logprobs once (no grad) -> `minibatches` shuffled steps (token-budget
+Loop: consume -> dedupe by group (a request trains once) -> drop whole groups older than version - eta
+-> a batch of whole groups -> proximal logprobs once (no grad) -> `minibatches` shuffled steps (token-budget
 micro-batches, algorithm.policy_loss, AdamW with a linear warm-up) -> every `publish_every` batches a
 new version: a checkpoint first, then the publish, then the offset commit.
 Invariant: offsets are committed only after a checkpoint that includes them, and a checkpoint holds
@@ -14,8 +14,8 @@ the consumed-but-untrained samples, so after kill -9 and restart no sample key i
 the surviving weights and none is skipped. A group (one rollout request) trains at most once, whatever
 copies signals publishes (a redelivery, or a group re-formed after a restart with other rollouts): a
 trained group is remembered until its newest sample is older than version - eta, from when on any copy
-is stale; so the memory holds about eta versions of groups, with no cap. Versions only grow: a restart continues from
-max(checkpoint version, newest published version).
+is stale; so the memory holds about eta versions of groups, with no cap. Versions only grow: a restart
+continues from max(checkpoint version, newest published version).
 Scope: the role is one process (DeepSpeed runs as a world of 1); the engine and Trainer also work
 under torchrun data parallel (equal shards, micro-batch counts aligned across ranks), which
 tests/test_deepspeed.py exercises, but the role does not yet shard its Kafka input across ranks.
