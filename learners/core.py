@@ -58,14 +58,16 @@ class LearnerSpec:
     learner: LearnerConfig
 
 
-def to_train_samples(batch: Any, version_field: str) -> tuple[list[TrainSample], int]:
-    """Normalise a sample batch; samples that cannot be trained (empty or inconsistent) are counted."""
+def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[list[TrainSample], int]:
+    """Normalise a sample batch; samples that cannot be trained (empty, inconsistent, or a token id the
+    model does not have: it would fail in the embedding, after the checkpoint kept it) are counted."""
     out, invalid = [], 0
     for s in batch.samples:
         if (
             not s.response_token_ids
             or not s.prompt_token_ids
             or len(s.behaviour_logprobs) != len(s.response_token_ids)
+            or max(max(s.prompt_token_ids), max(s.response_token_ids)) >= vocab_size
         ):
             invalid += 1
             continue
@@ -336,6 +338,7 @@ class Learner:
             ckpt.load_model_weights(latest, model)
             self.state = ckpt.load_state(latest)
         self.model = model
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.engine = build_engine(model, self.cfg)
         if latest is not None:
             self.engine.load_optimizer_state(ckpt.load_optimizer_tensors(latest), self.state.optimizer_step)
@@ -359,7 +362,7 @@ class Learner:
         queued = {s.group_id for s in self.pending}
         for r in records:
             self.offsets[(r.topic, r.partition)] = r.offset + 1
-            samples, invalid = to_train_samples(r.value, self.spec.version_field)
+            samples, invalid = to_train_samples(r.value, self.spec.version_field, self.vocab_size)
             self.dropped_invalid += invalid
             for s in samples:  # a group's samples come in one record: a group seen before is a copy
                 if s.group_id in queued or s.group_id in self.state.trained_groups:

@@ -23,6 +23,9 @@ Index = Annotated[int, Meta(ge=0)]
 Version = Annotated[int, Meta(ge=0)]
 Count = Annotated[int, Meta(ge=0)]
 PositiveCount = Annotated[int, Meta(ge=1)]
+# rollouts in a group: the bound of scheduler.rollouts_per_task, so that a request for 10**9 rollouts
+# is refused at the schema (dead-lettered) instead of queuing that many episodes in an actor
+GroupSize = Annotated[int, Meta(ge=1, le=1024)]
 Finite = Annotated[float, Meta(ge=-1e30, le=1e30)]
 Logprob = Annotated[float, Meta(ge=-1e30, le=0.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -68,7 +71,7 @@ class TaskSpec(Event, frozen=True, kw_only=True):
 class RolloutRequest(Event, frozen=True, kw_only=True):
     request_id: str  # idempotency key of the whole group
     task: TaskSpec  # embedded so an actor needs no task table
-    n: PositiveCount  # rollouts in the group
+    n: GroupSize  # rollouts in the group
     min_policy_version: Version = 0
     created_at: Timestamp = msgspec.field(default_factory=now)
 
@@ -98,7 +101,7 @@ class Step(Struct, frozen=True, kw_only=True):
 class Trajectory(Event, frozen=True, kw_only=True):
     request_id: str
     rollout_index: Index  # 0..n-1 within the request; (request_id, rollout_index) is the idempotency key
-    group_size: PositiveCount  # n of the request, so the signals stage knows when a group is whole
+    group_size: GroupSize  # n of the request, so the signals stage knows when a group is whole
     task: TaskSpec
     steps: list[Step]
     outcome: Outcome
@@ -128,7 +131,7 @@ class Judgement(Struct, frozen=True, kw_only=True):
 
 class StepJudgement(Struct, frozen=True, kw_only=True):
     step_index: Index
-    judgements: list[Judgement]  # m of them
+    judgements: Annotated[list[Judgement], Meta(min_length=1)]  # m of them (a step without one has no reward)
 
     @property
     def verdicts(self) -> list[int]:

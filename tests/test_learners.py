@@ -20,7 +20,7 @@ import torch
 
 from learners import checkpoint as ckpt
 from learners.checkpoint import LearnerState, TrainSample
-from learners.core import Trainer, pack_micro_batches, warmup_lr, whole_groups
+from learners.core import Trainer, pack_micro_batches, to_train_samples, warmup_lr, whole_groups
 from learners.engine import TorchEngine
 from schemas.config import LearnerConfig
 from tests.conftest import eventually
@@ -94,6 +94,21 @@ def test_warmup_lr_rises_linearly_then_holds() -> None:
         [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
     )
     assert warmup_lr(1e-3, 0, 0) == 1e-3
+
+
+def test_samples_the_model_cannot_take_are_dropped_and_counted() -> None:
+    import msgspec
+
+    batch = sample_batch("a", 3)
+    vocab = 1 + max(max(s.prompt_token_ids + s.response_token_ids) for s in batch.samples)
+    bad = msgspec.structs.replace(
+        batch.samples[1], response_token_ids=[vocab] * len(batch.samples[1].response_token_ids)
+    )
+    empty = msgspec.structs.replace(batch.samples[2], prompt_token_ids=[])
+    mixed = msgspec.structs.replace(batch, samples=[batch.samples[0], bad, empty])
+    samples, invalid = to_train_samples(mixed, "policy_version", vocab_size=vocab)
+    assert [s.key for s in samples] == ["a/0/0"] and invalid == 2
+    assert len(to_train_samples(batch, "policy_version", vocab_size=vocab)[0]) == 3
 
 
 def test_whole_groups_fill_a_batch_without_splitting_a_group() -> None:
