@@ -103,7 +103,7 @@ def main() -> None:
                                                  reward_model="latest")  # fmt: skip
             runs.append(record)
             print(
-                f"{row} seed {seed}: {summarize_run(result | record.get('reward_eval', {}), band)}",
+                f"{row} seed {seed}: {summarize_run(result, band, record.get('reward_eval'))}",
                 flush=True,
             )
             write(args, runs, band, started, complete=False)  # a stopped bench keeps its finished runs
@@ -122,11 +122,14 @@ def write(args: argparse.Namespace, runs: list[dict], band: int, started: float,
     return table
 
 
-def summarize_run(result: dict, band: int) -> dict:
+def summarize_run(result: dict, band: int, reward_eval: dict | None = None) -> dict:
+    """The run's held-out success per level; process accuracy from its reward evaluation (on the
+    preset policy's steps) or, for Before, from its own."""
     by_level = result["policy_results"]["sampled"]
     out = {f"level {lv}": round(r["success"], 3) for lv, r in by_level.items()}
-    if "process_accuracy" in result:
-        out["process_accuracy"] = round(result["process_accuracy"].get("accuracy", 0.0), 3)
+    judged = (reward_eval or result).get("process_accuracy")
+    if judged:
+        out["process_accuracy"] = round(judged.get("accuracy", 0.0), 3)
     return out
 
 
