@@ -19,6 +19,7 @@ BENCHMARKS = {
     "judge": "judge_throughput.py",
     "learning": "learning.py",
     "textworld": "textworld_ladder.py",
+    "fuzz": "fuzz.py",
 }
 
 
