@@ -16,9 +16,12 @@ copies signals publishes (a redelivery, or a group re-formed after a restart wit
 trained group is remembered until its newest sample is older than version - eta, from when on any copy
 is stale; so the memory holds about eta versions of groups, with no cap. Versions only grow: a restart
 continues from max(checkpoint version, newest published version).
-Scope: the role is one process (DeepSpeed runs as a world of 1); the engine and Trainer also work
-under torchrun data parallel (equal shards, micro-batch counts aligned across ranks), which
-tests/test_deepspeed.py exercises, but the role does not yet shard its Kafka input across ranks.
+Ranks: under torchrun (`engine = "deepspeed"`) one learner role spans every rank. Rank 0 alone talks
+to Kafka (consumes, decides when to train, commits, publishes, reports); before each collective act
+(train a batch, checkpoint, publish) it broadcasts the act with its pending samples and state, and every
+rank does it together: each optimizer step's samples are shared out (every world-th), ZeRO averages the
+gradients, and only rank 0 writes the journal, the checkpoints and the weights. The others wait in
+`follow_rank0` until rank 0 releases them; after a crash torchrun ends the whole world.
 """
 
 from __future__ import annotations
@@ -249,18 +252,28 @@ class Trainer:
         """Train one batch: proximal logprobs once, then `minibatches` steps per epoch over `epochs`
         seeded shuffles, the lr warmed up from optimizer step `first_step`; yields (epoch, whether
         this is the batch's last step, stats)."""
-        cfg = self.cfg
-        prox = self.proximal(batch) if cfg.minibatches > 1 or cfg.epochs > 1 else None
-        ref = self._frozen_logprobs(batch, self.reference) if self.reference is not None else None
-        for n, (epoch, last, picked) in enumerate(step_plan(len(batch), cfg, first_step), start=first_step):
+        cfg, rank, world = self.cfg, self.engine.rank, self.engine.world_size
+        plan = step_plan(len(batch), cfg, first_step)
+        # data parallel: every rank holds the whole batch and takes every world-th sample of each step
+        mine = sorted({i for _, _, picked in plan for i in picked[rank::world]})
+        at = {i: j for j, i in enumerate(mine)}
+        prox = self.proximal([batch[i] for i in mine]) if cfg.minibatches > 1 or cfg.epochs > 1 else None
+        ref = (
+            self._frozen_logprobs([batch[i] for i in mine], self.reference)
+            if self.reference is not None
+            else None
+        )
+        for n, (epoch, last, picked) in enumerate(plan, start=first_step):
             lr = warmup_lr(cfg.lr, n, cfg.warmup_steps)
             self.engine.set_lr(lr)
+            shard = picked[rank::world]
             stats = self.step(
-                [batch[i] for i in picked],
-                None if prox is None else [prox[i] for i in picked],
-                None if ref is None else [ref[i] for i in picked],
+                [batch[i] for i in shard],
+                None if prox is None else [prox[at[i]] for i in shard],
+                None if ref is None else [ref[at[i]] for i in shard],
             )
             stats.lr = lr
+            stats.keys = [batch[i].key for i in picked]  # the step trained all of them, across ranks
             yield epoch, last, stats
 
     def step(
@@ -288,7 +301,7 @@ class Trainer:
             ref_t = None if ref is None else pad([ref[i] for i in mb], width)
             loss, diag = policy_loss(logp, prox_t, behav, adv, mask, cfg.clip, cfg.kl_coef, cfg.is_cap,
                                      ref_logp=ref_t, ref_kl_coef=cfg.ref_kl_coef)  # fmt: skip
-            self.engine.backward(loss * (len(mb) / n))  # batch mean = sample-weighted micro-batch means
+            self.engine.backward(loss * (len(mb) / n))  # shard mean = sample-weighted micro-batch means
             ntok = int(mask.sum())
             stats.loss += float(loss.detach()) * len(mb) / n
             for name in ("kl", "ref_kl", "clip_fraction", "is_weight_mean"):
@@ -342,7 +355,10 @@ class Learner:
         self.engine = build_engine(model, self.cfg)
         if latest is not None:
             self.engine.load_optimizer_state(ckpt.load_optimizer_tensors(latest), self.state.optimizer_step)
-            ckpt.append_journal(self.root, {"restored_step": self.state.optimizer_step, "from": latest.name})
+            if self.engine.rank == 0:
+                ckpt.append_journal(
+                    self.root, {"restored_step": self.state.optimizer_step, "from": latest.name}
+                )
         self.trainer: Trainer | StubTrainer
         if self.cfg.engine == "stub":  # no update, so no reference weights to hold
             self.trainer = StubTrainer(self.cfg)
@@ -403,10 +419,44 @@ class Learner:
         self.state.dropped_stale += dropped
         return dropped, [self.state.version - s.version for s in self.pending]
 
+    # --- ranks: rank 0 reads Kafka and decides; every rank trains, gathers and saves together ---
     def train_batch(self) -> list[StepOutcome]:
+        """Train the next batch on every rank (rank 0 calls it)."""
+        self._share("train")
+        return self._train_batch()
+
+    def checkpoint(self) -> dict[tuple[str, int], int]:
+        """Write a checkpoint now, every rank taking part (rank 0 calls it); the offsets it covers."""
+        self._share("checkpoint")
+        return self._checkpoint()
+
+    def publish(self) -> WeightsPublished | None:
+        """Publish the current weights as this version, every rank taking part (rank 0 calls it)."""
+        self._share("publish")
+        return self._publish()
+
+    def release_ranks(self) -> None:
+        """Rank 0 is done: the other ranks leave `follow_rank0`."""
+        self._share("stop")
+
+    def follow_rank0(self) -> None:
+        """Ranks > 0: do what rank 0 asks, with its pending samples and state, until it stops."""
+        while (command := self._share("")) != "stop":
+            {"train": self._train_batch, "checkpoint": self._checkpoint, "publish": self._publish}[command]()
+
+    def _share(self, command: str) -> str:
+        """Rank 0 sends `command`, its pending samples and its state; the other ranks take them."""
+        if self.engine.world_size == 1:
+            return command
+        box: list[Any] = [command, self.pending, self.state] if self.engine.rank == 0 else [None] * 3
+        torch.distributed.broadcast_object_list(box, src=0)
+        command, self.pending, self.state = box
+        return command
+
+    def _train_batch(self) -> list[StepOutcome]:
         """Train the next batch (whole groups, at least batch_samples samples): proximal logprobs once,
-        then `minibatches` optimizer steps per epoch over seeded shuffles; a new version after every
-        `publish_every` batches."""
+        then `minibatches` optimizer steps per epoch over seeded shuffles, each step's samples shared out
+        across the ranks; a new version after every `publish_every` batches."""
         batch = whole_groups(self.pending, self.cfg.batch_samples)
         for s in batch:  # remembered by their newest sample (see drop_stale)
             newest = self.state.trained_groups.get(s.group_id, s.version)
@@ -428,16 +478,18 @@ class Learner:
                 self.state.version += 1
                 outcome.version = self.state.version
                 if self.state.version % self.cfg.checkpoint_every == 0:
-                    outcome.committed = self.checkpoint()
-                outcome.published = self.publish()
-            entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
-            ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
+                    outcome.committed = self._checkpoint()
+                outcome.published = self._publish()
+            if self.engine.rank == 0:
+                entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
+                ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
             outcomes.append(outcome)
         return outcomes
 
     # --- persist ---
-    def checkpoint(self) -> dict[tuple[str, int], int]:
-        """Write a complete checkpoint; returns the offsets it covers (now safe to commit)."""
+    def _checkpoint(self) -> dict[tuple[str, int], int]:
+        """Write a complete checkpoint (rank 0 writes; ZeRO gathers on every rank); returns the offsets
+        it covers (now safe to commit)."""
         self.state.offsets = ckpt.offsets_to_state(self.offsets)
         self.state.pending = list(self.pending)
         tensors, _ = self.engine.optimizer_state()
@@ -447,8 +499,10 @@ class Learner:
         self.dirty = False
         return dict(self.offsets)
 
-    def publish(self) -> WeightsPublished:
+    def _publish(self) -> WeightsPublished | None:
         with self.engine.full_parameters():
+            if self.engine.rank != 0:
+                return None
             model = self.model
             if self.cfg.lora_rank > 0:  # actors load plain HF folders: merge the adapters into a copy
                 model = copy.deepcopy(model).merge_and_unload()
@@ -469,15 +523,26 @@ async def latest_published(bus: Bus, name: str) -> int | None:
 
 async def run_learner(config: RunConfig, spec: LearnerSpec, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
-    name, cfg = spec.name, spec.learner
     learner = await anyio.to_thread.run_sync(Learner, config, spec)
+    if learner.engine.rank > 0:  # under torchrun: only rank 0 talks to Kafka
+        await anyio.to_thread.run_sync(learner.follow_rank0)
+        return
+    await _lead(learner, config, spec, shutdown)
+    # a clean stop releases the other ranks; after a crash torchrun ends them (they wait in a collective)
+    await anyio.to_thread.run_sync(learner.release_ranks)
+
+
+async def _lead(learner: Learner, config: RunConfig, spec: LearnerSpec, shutdown: anyio.Event) -> None:
+    """Rank 0 (or the only process): read samples, decide when to train, commit and report."""
+    name, cfg = spec.name, spec.learner
     async with Bus(config.kafka, role=f"{name}-learner") as bus:
         latest = await latest_published(bus, name)
         # versions only grow: weights published after the last checkpoint keep their numbers
         learner.state.version = max(learner.state.version, latest if latest is not None else 0)
         if latest is None or latest < learner.state.version:  # v0 = the preset weights, or a lost publish
             event = await anyio.to_thread.run_sync(learner.publish)
-            await bus.send(topics.WEIGHTS, event, key=name)
+            if event is not None:
+                await bus.send(topics.WEIGHTS, event, key=name)
         await bus.metric(f"learner/{name}/version", learner.state.version, step=learner.state.version)
         async with BatchConsumer(bus, [spec.topic], group=spec.group) as consumer:
             if learner.offsets:

@@ -137,6 +137,74 @@ def test_zero2_torchrun_two_processes(tmp_path: Path) -> None:
     assert r["param_max_diff"] <= PARAM_TOL, r
 
 
+@pytest.mark.deepspeed
+async def test_a_learner_spans_two_ranks(tmp_path: Path, kafka_config) -> None:
+    """`torchrun --nproc_per_node 2 -m app.cli run policy-learner` (DeepSpeed ZeRO-2, gloo): rank 0
+    reads the samples and shares each batch, both ranks train their half of every step (the
+    collectives would stall otherwise); every key trains once, versions advance, and only rank 0
+    writes the journal, the checkpoints and the weights."""
+    import signal
+
+    import msgspec
+
+    from learners import checkpoint as ckpt
+    from learners.engine import _free_port
+    from schemas import topics
+    from tests.conftest import eventually
+    from tests.test_learners import (
+        lineage_keys,
+        read_values,
+        role_config,
+        sample_batch,
+        send_batches,
+        wait_for_version,
+    )
+
+    config = role_config(tmp_path, kafka_config, engine="deepspeed", zero_stage=2, minibatches=2, eta=100)
+    root = Path(config.workdir) / "checkpoints" / "policy"
+    config_path, log = tmp_path / "config.toml", tmp_path / "learner.log"
+    config_path.write_text(toml(msgspec.to_builtins(config)))
+    batches = [sample_batch(f"r{i}", 4) for i in range(3)]
+    all_keys = sorted(s.sample_key for b in batches for s in b.samples)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false",
+           "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}  # fmt: skip
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(_free_port()), "-m", "app.cli", "run", "policy-learner",
+                "--config", str(config_path)]  # fmt: skip
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    try:
+        await send_batches(kafka_config, batches)
+        await eventually(lambda: sorted(lineage_keys(root)) == all_keys, 240, "every key in the lineage")
+        await wait_for_version(kafka_config, 3, 60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    print(log.read_text()[-3000:])
+    journal = [json.loads(x) for x in (root / "journal.jsonl").read_text().splitlines() if x.strip()]
+    assert [e["step"] for e in journal] == [1, 2, 3, 4, 5, 6]  # two steps a batch, written once
+    assert all(len(e["keys"]) == 2 for e in journal)  # a step's samples: one on each rank
+    keys = lineage_keys(root)
+    assert len(keys) == len(set(keys)) == 12
+    weights = [w.version for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
+    assert weights == [0, 1, 2, 3]
+    assert ckpt.load_state(ckpt.latest_checkpoint(root)).version == 3
+
+
+def toml(tree: dict) -> str:
+    """A config as TOML (`--config`): top-level values, then one table per section."""
+    top, sections = [], []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            sections += [f"[{key}]"] + [f"{k} = {json.dumps(v)}" for k, v in value.items() if v is not None]
+        elif value is not None:
+            top.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(top + sections) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -165,6 +233,7 @@ async def test_policy_role_on_deepspeed_restarts_from_checkpoint(tmp_path: Path,
 
     from learners import checkpoint as ckpt
     from schemas import topics
+    from tests.conftest import eventually
     from tests.test_learners import (
         lineage_keys,
         read_values,
@@ -172,7 +241,6 @@ async def test_policy_role_on_deepspeed_restarts_from_checkpoint(tmp_path: Path,
         sample_batch,
         send_batches,
         start_learner,
-        wait_for,
     )
 
     config = role_config(tmp_path, kafka_config, engine="deepspeed", zero_stage=2, eta=100)
@@ -182,14 +250,14 @@ async def test_policy_role_on_deepspeed_restarts_from_checkpoint(tmp_path: Path,
     procs = [start_learner(config_path, log)]
     try:
         await send_batches(kafka_config, [sample_batch("d0", 4), sample_batch("d1", 4)])
-        await wait_for(
+        await eventually(
             lambda: (c := ckpt.latest_checkpoint(root)) and c.name == "step-00000002", 120, "2 steps"
         )
         procs[0].kill()
         procs[0].wait(10)
         procs.append(start_learner(config_path, log))
         await send_batches(kafka_config, [sample_batch("d2", 4)])
-        await wait_for(
+        await eventually(
             lambda: (c := ckpt.latest_checkpoint(root)) and c.name == "step-00000003", 120, "3rd step"
         )
     finally:
