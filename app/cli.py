@@ -248,10 +248,14 @@ def run(
     unknown = [r for r in roles if r not in ROLES]
     if unknown or not roles:
         fail(f"unknown role {(unknown or [role])[0]!r}; roles: {', '.join(ROLES)}")
-    supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
-    if supervisor:  # started by `up`: drain and stop when it dies, even by kill -9 (no orphans)
-        import signal
+    import signal
 
+    supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # a torchrun rank dies with its agent, even by kill -9: torchrun starts ranks in sessions of
+        # their own, and a rank left alone would wait in a collective forever
+        die_with_parent(signal.SIGKILL)
+    elif supervisor:  # started by `up`: drain and stop when it dies, even by kill -9 (no orphans)
         die_with_parent(signal.SIGTERM)
         if str(os.getppid()) != supervisor:
             fail(f"role {role}: its supervisor (pid {supervisor}) is gone; not starting", code=1)

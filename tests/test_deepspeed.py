@@ -141,9 +141,9 @@ def test_zero2_torchrun_two_processes(tmp_path: Path) -> None:
 async def test_a_learner_spans_two_ranks(tmp_path: Path, kafka_config) -> None:
     """`torchrun --nproc_per_node 2 -m app.cli run policy-learner` (DeepSpeed ZeRO-2, gloo): rank 0
     reads the samples and shares each batch, both ranks train their half of every step (the
-    collectives would stall otherwise); every key trains once, versions advance, and only rank 0
-    writes the journal, the checkpoints and the weights."""
-    import signal
+    collectives would stall otherwise); every key trains once, versions advance, only rank 0 writes
+    the journal, the checkpoints and the weights, and after kill -9 of the whole world a restart
+    continues from the checkpoint."""
 
     import msgspec
 
@@ -170,28 +170,49 @@ async def test_a_learner_spans_two_ranks(tmp_path: Path, kafka_config) -> None:
            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}  # fmt: skip
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port()), "-m", "app.cli", "run", "policy-learner",
-                "--config", str(config_path)]  # fmt: skip
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+
+    def start() -> subprocess.Popen:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    "--master_port", str(_free_port()), "-m", "app.cli", "run", "policy-learner",
+                    "--config", str(config_path)]  # fmt: skip
+        with open(log, "ab") as out:
+            return subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+
+    procs = [start()]
     try:
-        await send_batches(kafka_config, batches)
+        await send_batches(kafka_config, batches[:2])
+        await wait_for_version(kafka_config, 2, 240)
+        await eventually(lambda: ckpt.latest_checkpoint(root).name == "step-00000004", 60, "v2's checkpoint")
+        procs[0].kill()  # kill -9 of torchrun's agent: both ranks die with it
+        procs[0].wait(10)
+        await eventually(lambda: not ranks_alive(config_path), 30, "the ranks to die with their agent")
+        procs.append(start())
+        await send_batches(kafka_config, batches[2:])
         await eventually(lambda: sorted(lineage_keys(root)) == all_keys, 240, "every key in the lineage")
         await wait_for_version(kafka_config, 3, 60)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        subprocess.run(["pkill", "-9", "-f", str(config_path)], check=False)  # if a rank outlived its agent
     print(log.read_text()[-3000:])
     journal = [json.loads(x) for x in (root / "journal.jsonl").read_text().splitlines() if x.strip()]
-    assert [e["step"] for e in journal] == [1, 2, 3, 4, 5, 6]  # two steps a batch, written once
-    assert all(len(e["keys"]) == 2 for e in journal)  # a step's samples: one on each rank
+    assert {"restored_step": 4, "from": "step-00000004"} in journal  # written once, by rank 0
+    steps = [e for e in journal if "step" in e]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]  # two steps a batch, written once
+    assert all(len(e["keys"]) == 2 for e in steps)  # a step's samples: one on each rank
     keys = lineage_keys(root)
     assert len(keys) == len(set(keys)) == 12
     weights = [w.version for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
     assert weights == [0, 1, 2, 3]
     assert ckpt.load_state(ckpt.latest_checkpoint(root)).version == 3
+
+
+def ranks_alive(config_path: Path) -> bool:
+    """Whether a process started with this config file still runs."""
+    return subprocess.run(["pgrep", "-f", str(config_path)], capture_output=True).returncode == 0
 
 
 def toml(tree: dict) -> str:
