@@ -45,9 +45,9 @@ def cli(*args: str, env: dict[str, str], log: Path) -> None:
 
 
 def evaluate(workdir: Path, policy: str, levels: str, tasks: int, seed: int, env: dict[str, str],
-             reward_model: str | None = None) -> dict:  # fmt: skip
+             reward_model: str | None = None, modes: str = "sampled") -> dict:  # fmt: skip
     out = workdir / f"eval-{policy}-rm-{reward_model or 'none'}.json"
-    args = ["eval", "--policy", policy, "--levels", levels, "--tasks", str(tasks), "--modes", "sampled",
+    args = ["eval", "--policy", policy, "--levels", levels, "--tasks", str(tasks), "--modes", modes,
             "--seed", str(seed), "--json", str(out), "--workdir", str(workdir)]  # fmt: skip
     if reward_model:
         args += ["--reward-model", reward_model]
@@ -100,7 +100,7 @@ def main() -> None:
                 # on the preset policy's held-out steps, the very steps Before's reward model is judged on:
                 # a run's own policy would change the steps along with the judge
                 record["reward_eval"] = evaluate(workdir, "preset", levels, args.tasks, seed, run_env,
-                                                 reward_model="latest")  # fmt: skip
+                                                 reward_model="latest", modes="none")  # fmt: skip
             runs.append(record)
             print(
                 f"{row} seed {seed}: {summarize_run(result, band, record.get('reward_eval'))}",

@@ -319,6 +319,14 @@ def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker
     assert "verdicts" in done.stderr and "judge" in done.stderr
 
 
+def test_eval_flags_fail_fast_naming_the_flag() -> None:
+    for flags, says in ((["--modes", "fast"], "--modes"), (["--modes", "none"], "--modes none"),
+                        (["--levels", "0,99"], "--levels")):  # fmt: skip
+        done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2 and says in done.stderr, (flags, done.stderr[-500:])
+
+
 def test_help_is_instant_and_lists_every_command() -> None:
     start = time.monotonic()
     done = subprocess.run([*CLI, "--help"], cwd=ROOT, env=env_for_tests(), capture_output=True, text=True)

@@ -68,7 +68,7 @@ def evaluate(
     levels: Annotated[str, typer.Option(help="Difficulty levels, e.g. 0,2,4 or 0-3.")] = "0-2",
     tasks: Annotated[int, typer.Option(min=1, max=100_000, help="Held-out tasks per level.")] = 40,
     modes: Annotated[
-        str, typer.Option(help="sampled (policy temperature), greedy, or both.")
+        str, typer.Option(help="sampled (policy temperature), greedy, both, or none (only --reward-model).")
     ] = "sampled,greedy",
     max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
     m: Annotated[
@@ -85,9 +85,11 @@ def evaluate(
     if workdir is not None:
         flags["workdir"] = str(workdir)
     cfg = build_config(config, flags)
-    wanted = [w.strip() for w in modes.split(",") if w.strip()]
-    if not wanted or any(w not in ("sampled", "greedy") for w in wanted):
-        fail(f"--modes: {modes!r}; expected sampled, greedy or sampled,greedy")
+    wanted = [w.strip() for w in modes.split(",") if w.strip() and w.strip() != "none"]
+    if (not wanted and modes.strip() != "none") or any(w not in ("sampled", "greedy") for w in wanted):
+        fail(f"--modes: {modes!r}; expected sampled, greedy, sampled,greedy or none")
+    if not wanted and reward_model is None:
+        fail("--modes none measures nothing without --reward-model")
     level_list = parse_levels(levels)
 
     from envs import get_environment
@@ -137,19 +139,10 @@ def evaluate(
 
 def _print(result: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    table = Table(
-        title=f"held-out {result['domain']} — policy {result['policy']}, {result['tasks_per_level']} tasks/level"
-    )
-    for col in ("mode", "level", "success", "95% CI", "invalid", "steps"):
-        table.add_column(col, justify="right")
-    for mode, by_level in result["policy_results"].items():
-        for level, r in by_level.items():
-            table.add_row(mode, level, f"{r['success']:.2f}", f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
-                          f"{r['invalid_rate']:.2f}", f"{r['mean_steps']:.1f}")  # fmt: skip
-    console.print(table)
+    if result["policy_results"]:
+        _print_policy(console, result)
     pa = result.get("process_accuracy")
     if pa:
         console.print(
@@ -170,3 +163,18 @@ def _print(result: dict[str, Any]) -> None:
             f"a judge that repeats each episode's outcome (where the consistency reward leads): process accuracy "
             f"{ov['accuracy']:.3f} (balanced {ov['balanced_accuracy']:.3f}, says good {ov['said_good']:.2f})"
         )
+
+
+def _print_policy(console: Any, result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"held-out {result['domain']} — policy {result['policy']}, {result['tasks_per_level']} tasks/level"
+    )
+    for col in ("mode", "level", "success", "95% CI", "invalid", "steps"):
+        table.add_column(col, justify="right")
+    for mode, by_level in result["policy_results"].items():
+        for level, r in by_level.items():
+            table.add_row(mode, level, f"{r['success']:.2f}", f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
+                          f"{r['invalid_rate']:.2f}", f"{r['mean_steps']:.1f}")  # fmt: skip
+    console.print(table)
