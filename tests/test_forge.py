@@ -130,26 +130,14 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
             # --- 7 of 8 succeed: harder, with the failed rollout's high-risk step ---
             await send_all(bus, group(PARENT, "r1", 7))
             await send_all(bus, group(PARENT, "r1", 7)[:2])  # redelivered: not counted again
-            events = await wait_records(
-                bus,
-                topics.TASK_EVENTS,
-                lambda v: ("p", "harder") in kinds(v),
-                timeout=45.0,
-                latest_per_key=False,
-            )
+            events = await wait_records(bus, topics.TASK_EVENTS, lambda v: ("p", "harder") in kinds(v))
             [harder] = events
             assert (harder.accuracy, harder.rollouts, harder.critic.high_risk_steps) == (0.875, 8, [[1]])
 
             # --- the env model's pending variant reaches 4/8 < 0.875: accepted, parent retired ---
             await bus.send(topics.TASKS, VARIANT, key="v")
             await send_all(bus, group(VARIANT, "r2", 4))
-            events = await wait_records(
-                bus,
-                topics.TASK_EVENTS,
-                lambda v: ("v", "accepted") in kinds(v),
-                timeout=45.0,
-                latest_per_key=False,
-            )
+            events = await wait_records(bus, topics.TASK_EVENTS, lambda v: ("v", "accepted") in kinds(v))
             tasks = {r.value.task_id: r.value for r in await bus.read_topic(topics.TASKS)}
             assert (tasks["v"].status, tasks["v"].version, tasks["p"].status, tasks["p"].version) == (
                 "active",
@@ -161,9 +149,7 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
                 msgspec.structs.replace(VARIANT, created_at=0.0)
             )
 
-            letters = await wait_records(
-                bus, topics.DLQ, lambda v: len(v) >= 1, timeout=45.0, latest_per_key=False
-            )
+            letters = await wait_records(bus, topics.DLQ, lambda v: len(v) >= 1)
             assert letters[0].value == b"\xc1 not msgpack" and letters[0].error.startswith("decode")
             # the record's real place in the source topic, not the repartition topic's
             source = (letters[0].source_topic, letters[0].partition, letters[0].offset, letters[0].key)
@@ -181,13 +167,7 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: forge.run(config, shutdown=shutdown))
             await send_all(bus, group(other, "r3", 1)[3:])
-            events = await wait_records(
-                bus,
-                topics.TASK_EVENTS,
-                lambda v: ("q", "easier") in kinds(v),
-                timeout=45.0,
-                latest_per_key=False,
-            )
+            events = await wait_records(bus, topics.TASK_EVENTS, lambda v: ("q", "easier") in kinds(v))
             shutdown.set()
         easier = next(e for e in events if e.kind == "easier")
         assert (easier.accuracy, easier.rollouts, len(easier.critic.high_risk_steps)) == (0.125, 8, 7)
