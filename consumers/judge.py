@@ -17,9 +17,9 @@ episode context rebuilt by replaying the trajectory's responses in a fresh episo
 Domains judged by unit tests (`Environment.judged_by`, the code domain): the reward model writes
 tests instead (envs.code's test prompt). A judgement's tests are checked against the task's reference
 solution (a test whose expected output the reference does not produce is invalid); the policy's
-program is run on the valid ones: verdict +1 if it passes them all, -1 if it fails one, 0 if there is no valid test. `score` is the judgement's CURE score
-(`algorithm.cure_test_raw` summed over its tests, with the trajectory's program as the candidate
-and its outcome as that program's correctness).
+program is run on the valid ones: verdict +1 if it passes them all, -1 if it fails one, 0 if there is
+no valid test. `score` is the judgement's CURE score (`algorithm.cure_test_raw` summed over its tests,
+with the trajectory's program as the candidate and its outcome as that program's correctness).
 """
 
 from __future__ import annotations
