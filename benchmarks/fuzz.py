@@ -15,7 +15,7 @@ consumer group of its topic, or `--settle-s` passes. Reported per topic: injecte
 each group (matched on source topic, partition and offset), letters per record; the roles' restarts
 (from their logs); the run's judged trajectories and versions. Writes benchmarks/results/fuzz.json.
 
-    python benchmarks/fuzz.py [--count 1000] [--minutes 6]
+    python benchmarks/fuzz.py [--count 1000] [--minutes 8]
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ def restarts(workdir: Path) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000, help="bad records per topic")
-    parser.add_argument("--minutes", type=float, default=6.0, help="length of the live run")
-    parser.add_argument("--settle-s", type=float, default=120.0, help="how long to wait for the letters")
+    parser.add_argument("--minutes", type=float, default=8.0, help="length of the live run")
+    parser.add_argument("--settle-s", type=float, default=330.0, help="how long to wait for the letters")
     parser.add_argument("--out", type=Path, default=RESULTS / "fuzz.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
