@@ -262,6 +262,7 @@ async def test_policy_role_on_deepspeed_restarts_from_checkpoint(tmp_path: Path,
         sample_batch,
         send_batches,
         start_learner,
+        wait_for_version,
     )
 
     config = role_config(tmp_path, kafka_config, engine="deepspeed", zero_stage=2, eta=100)
@@ -281,6 +282,7 @@ async def test_policy_role_on_deepspeed_restarts_from_checkpoint(tmp_path: Path,
         await eventually(
             lambda: (c := ckpt.latest_checkpoint(root)) and c.name == "step-00000003", 120, "3rd step"
         )
+        await wait_for_version(kafka_config, 3, 60)  # the publish follows its checkpoint
     finally:
         for p in procs:
             if p.poll() is None:
