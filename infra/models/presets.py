@@ -145,8 +145,9 @@ def _sources_digest() -> str:
 
     h = hashlib.sha256()
     for package in (envs, schemas):
-        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
-            h.update(path.as_posix().encode() + b"\0" + path.read_bytes())
+        folder = Path(package.__file__).parent
+        for path in sorted(folder.rglob("*.py")):  # relative names: a checkout elsewhere keeps the memo
+            h.update(path.relative_to(folder.parent).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(Path(bootstrap.__file__).read_bytes())
     for engine in ("textworld",):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
