@@ -4,6 +4,9 @@ Rows (household, `tiny` preset, the same wall-clock budget per run):
 - Before   the preset itself;
 - RLVR     λ = 0 (outcome only), reward model frozen (no reward learner), environment static (no env model);
 - Policy   integrated reward R = O + λ·mean S, reward model frozen, environment static;
+- Shadow   (not in the default rows) as +Reward, but the judges stay on the preset (judge.follow_weights
+           off): the reward learner's share of the CPU without its effect on the rewards, i.e. Policy at
+           +Reward's compute;
 - +Reward  the reward model co-trained;
 - +Env     the full loop (env model proposes variants, forge accepts them).
 Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
@@ -30,6 +33,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 ROWS: dict[str, dict] = {
     "RLVR": {"without": ["reward-learner", "env-model"], "env": {"FORGESTREAM_SIGNALS__LAM": "0"}},
     "Policy": {"without": ["reward-learner", "env-model"], "env": {}},
+    "Shadow": {"without": ["env-model"], "env": {"FORGESTREAM_JUDGE__FOLLOW_WEIGHTS": "false"}},
     "+Reward": {"without": ["env-model"], "env": {}},
     "+Env": {"without": [], "env": {}},
 }
@@ -60,7 +64,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=6.0, help="wall-clock budget of each run")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=40, help="held-out tasks per level")
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of the rows")
+    parser.add_argument("--rows", default=",".join(r for r in ROWS if r != "Shadow"),
+                        help=f"comma-separated rows out of {', '.join(ROWS)}")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "learning.json")
     args = parser.parse_args()
 

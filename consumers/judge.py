@@ -1,7 +1,7 @@
 """Judge: the reward model's m verdicts on every step of every trajectory.
 
 Consumes: `forge.trajectories` (group "judges"), `forge.weights` through a WeightsWatcher (reward
-          model versions).
+          model versions; not loaded when `judge.follow_weights` is off).
 Produces: `forge.trajectories.judged` (JudgedTrajectory, key request_id: one StepJudgement of m
           Judgements per step, each with its token ids, behaviour logprobs and text), metric
           `judge/judged`.
@@ -151,7 +151,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def handle(record: Record[Any]) -> None:
             trajectory: Trajectory = record.value
-            await serving.refresh()
+            if cfg.follow_weights:
+                await serving.refresh()
             judged = await anyio.to_thread.run_sync(functools.partial(judge, trajectory))
             await bus.send(topics.JUDGED, judged, key=trajectory.request_id)
             await bus.metric("judge/judged", 1.0, step=judged.reward_version, judge=judge_id)

@@ -164,6 +164,11 @@ class JudgeConfig(Config, frozen=True, kw_only=True):
     """Verdicts per step (paper: 3)."""
     temperature: Annotated[float, Meta(ge=0.0, le=5.0)] = 0.8
     max_new_tokens: PosInt = 24
+    follow_weights: bool = True
+    """Load each newer reward-model version between trajectories. False pins the judges to the preset
+    while the reward learner still trains and publishes: a shadow reward model, to be measured
+    (`forgestream eval --reward-model latest`) before it judges, and the compute-matched ablation of
+    `bench learning` (the learner's CPU share without its effect on the rewards)."""
 
 
 class SignalsConfig(Config, frozen=True, kw_only=True):

@@ -156,3 +156,36 @@ async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, model_home: No
                     assert all(lp <= 0.0 for lp in j.behaviour_logprobs)
                     assert j.prompt_token_ids and isinstance(j.text, str)  # may be empty (eos first)
         shutdown.set()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("follow", [True, False])
+async def test_judges_follow_or_stay_pinned_to_the_preset(
+    kafka_config: Any, model_home: None, tmp_path: Path, follow: bool
+) -> None:
+    """Version 1 is published before the judge starts; three trajectories follow one by one. Both cases
+    run the same sequence: the following judge (the positive control) serves v1 by the last one."""
+    from infra.models import load_trainable
+    from infra.weights import WeightStore
+
+    config = RunConfig(
+        workdir=str(tmp_path),
+        kafka=kafka_config,
+        reward_model=REWARD,
+        judge=JudgeConfig(temperature=REWARD.temperature, max_new_tokens=8, follow_weights=follow),
+    )
+    net, tokenizer = load_trainable(REWARD, role="reward", workdir=tmp_path)
+    published = WeightStore.for_run(config).publish("reward", 1, net, tokenizer, preset="tiny")
+    shutdown = anyio.Event()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        await bus.send(topics.WEIGHTS, published, key="reward")
+        tg.start_soon(functools.partial(judge.run, config, shutdown=shutdown))
+        for i in range(3):
+            trajectory = oracle_trajectory(11, f"req-w{i}", 0, group_size=1)
+            await bus.send(topics.TRAJECTORIES, trajectory, key=trajectory.request_id)
+            await wait_records(bus, topics.JUDGED, lambda v, n=i + 1: len(v) >= n)
+            await anyio.sleep(2)
+        judged: list[JudgedTrajectory] = await wait_records(bus, topics.JUDGED, lambda v: len(v) == 3)
+        shutdown.set()
+    versions = [j.reward_version for j in sorted(judged, key=lambda j: j.key)]
+    assert versions[-1] == 1 if follow else versions == [0, 0, 0], versions
