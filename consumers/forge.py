@@ -33,6 +33,8 @@ import anyio
 import faust
 import msgspec
 from faust.streams import current_event
+from faust.tables.manager import TableManager
+from faust.tables.recovery import Recovery
 
 import algorithm
 from infra.bus import Bus
@@ -144,6 +146,28 @@ def _credentials(kafka: KafkaConfig) -> Any:
     )
 
 
+class _Recovery(Recovery):
+    """faust's recovery, with the consumer's flow stopped while the stream partitions are sought.
+
+    After a restore faust resumes and seeks the stream partitions with the flow still on from reading the
+    changelog, and only then resumes its flow control, which clears the stream queues: a record delivered
+    in between was dropped unprocessed, its offset passed (seen here: a forge restarted with a backlog lost
+    the backlog's first rollout). With the flow stopped nothing is delivered until after that clear.
+    """
+
+    async def on_recovery_completed(self, generation_id: int = 0) -> None:
+        self.app.consumer.stop_flow()
+        await super().on_recovery_completed(generation_id)
+
+
+class _Tables(TableManager):
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = _Recovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery
+
+
 class Forge:
     """The faust app, its accuracy-window table, and the outputs it publishes through the Bus."""
 
@@ -175,6 +199,7 @@ class Forge:
             web_enabled=False,
             autodiscover=False,
             datadir=str(datadir),
+            TableManager=_Tables,
         )
         self.table = self.app.Table(TABLE, default=None, partitions=self.settings.partitions)
         judged = self.app.topic(bus.names.of(JUDGED), key_serializer="raw", value_serializer="raw")

@@ -164,9 +164,9 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
 
         # --- run() as the CLI does: the restored window + 5 new rollouts (1/8 succeed): easier ---
         shutdown = anyio.Event()
+        await send_all(bus, group(other, "r3", 1)[3:])  # a backlog waits for the restart, as after a crash
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: forge.run(config, shutdown=shutdown))
-            await send_all(bus, group(other, "r3", 1)[3:])
             events = await wait_records(bus, topics.TASK_EVENTS, lambda v: ("q", "easier") in kinds(v))
             shutdown.set()
         easier = next(e for e in events if e.kind == "easier")
