@@ -54,6 +54,7 @@ class RoleProcess:
     restarts: int = 0  # since the last healthy period
     started_at: float = 0.0
     restart_at: float | None = None  # exited with an error: when to start it again
+    ranks: int = 1  # > 1: a learner under torchrun, one process per rank
 
     @property
     def name(self) -> str:
@@ -109,7 +110,9 @@ class UpOptions:
     without: frozenset[str] = frozenset()  # roles not started (e.g. a frozen reward model, a static env)
 
 
-def role_command(role: str) -> list[str]:
+def role_command(role: str, ranks: int = 1) -> list[str]:
+    if ranks > 1:
+        return [sys.executable, "-m", "app.ranks", str(ranks), role]
     return [sys.executable, "-m", "app.cli", "run", role]
 
 
@@ -119,7 +122,7 @@ async def _spawn(rp: RoleProcess, env: dict[str, str]) -> None:
     log.write(f"\n=== {time.strftime('%H:%M:%S')} start {rp.name} (restart {rp.restarts})\n".encode())
     log.flush()
     rp.process = await anyio.open_process(
-        role_command(rp.role), stdout=log, stderr=log, env=env, start_new_session=True
+        role_command(rp.role, rp.ranks), stdout=log, stderr=log, env=env, start_new_session=True
     )
     rp.started_at = time.time()
     log.close()
@@ -273,15 +276,15 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
         light = [r for r in ROLE_ORDER if r in LIGHT_ROLES and r not in options.without]
         if options.light_roles_together and light:
             procs.append(RoleProcess(",".join(light), 0, workdir / "logs" / "light-roles.log"))
+        ranks = {"policy-learner": config.policy_learner.ranks, "reward-learner": config.reward_learner.ranks}
         for role in ROLE_ORDER:
             copies = {"actor": options.actors, "judge": options.judges,
                       "evaluator": int(config.evaluator.enabled)}.get(role, 1)  # fmt: skip
             if role in options.without or (options.light_roles_together and role in LIGHT_ROLES):
                 continue
             for i in range(copies):
-                procs.append(
-                    RoleProcess(role, i, workdir / "logs" / f"{role}{'' if i == 0 else f'-{i}'}.log")
-                )
+                log_path = workdir / "logs" / f"{role}{'' if i == 0 else f'-{i}'}.log"
+                procs.append(RoleProcess(role, i, log_path, ranks=ranks.get(role, 1)))
 
         progress = Progress()
         async with Bus(kafka, role="up") as bus, anyio.create_task_group() as tg:

@@ -265,4 +265,8 @@ class DeepSpeedEngine:
 def build_engine(model: nn.Module, cfg: LearnerConfig) -> Engine:
     if cfg.engine == "deepspeed":
         return DeepSpeedEngine(model, cfg)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # every rank would think itself rank 0: each reading Kafka, each publishing
+        raise ValueError(f"engine {cfg.engine!r} trains in one process, but this is one of {world} ranks: "
+                         "set the learner's engine = \"deepspeed\"")  # fmt: skip
     return TorchEngine(model, cfg)

@@ -280,6 +280,10 @@ class LearnerConfig(Config, frozen=True, kw_only=True):
     lora_rank: NonNegInt = 0
     """0 = full fine-tuning; > 0 trains LoRA adapters (peft)."""
     poll_timeout_s: PosFloat = 1.0
+    ranks: Annotated[int, Meta(ge=1, le=256)] = 1
+    """Processes `up` starts for this learner, under torchrun on this machine: rank 0 reads Kafka and
+    decides, every rank trains its share of each batch (gloo on CPU, NCCL with one GPU per rank).
+    `forgestream run` starts one; launch torchrun yourself for more (README)."""
 
 
 class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
@@ -340,6 +344,10 @@ class RunConfig(Config, frozen=True, kw_only=True):
             (self.policy_learner.eta >= self.scheduler.eta,
              f"policy_learner.eta ({self.policy_learner.eta}) < scheduler.eta ({self.scheduler.eta}): the learner "
              "would drop as stale the rollouts the scheduler admits"),
+            *((learner.ranks == 1 or learner.engine == "deepspeed",
+               f"{name}.ranks ({learner.ranks}) needs {name}.engine = \"deepspeed\": engine "
+               f"{learner.engine!r} trains in one process")
+              for name, learner in (("policy_learner", self.policy_learner), ("reward_learner", self.reward_learner))),
         ):  # fmt: skip
             if not ok:
                 raise ValueError(problem)

@@ -210,6 +210,80 @@ async def test_a_learner_spans_two_ranks(tmp_path: Path, kafka_config) -> None:
     assert ckpt.load_state(ckpt.latest_checkpoint(root)).version == 3
 
 
+@pytest.mark.deepspeed
+@pytest.mark.timeout(420)
+async def test_up_runs_a_learner_on_two_ranks_that_die_with_it(tmp_path: Path) -> None:
+    """`policy_learner.ranks = 2`: `up` starts the policy learner under torchrun (two `run
+    policy-learner` ranks under one agent); both ranks join one world (v0's publish needs both); a
+    kill -9 of `up` takes the agent and both ranks with it."""
+    import signal
+
+    from schemas import topics
+    from schemas.config import KafkaConfig
+    from tests.conftest import eventually
+    from tests.test_e2e import CLI, env_for_tests, wait_for
+    from tests.test_learners import read_values
+
+    workdir = tmp_path / "run"
+    others = ["forge", "signals", "env-model", "reward-learner", "evaluator", "judge", "actor", "scheduler"]
+    env = env_for_tests() | {"FORGESTREAM_POLICY_LEARNER__RANKS": "2", "FORGESTREAM_POLICY_LEARNER__ENGINE": "deepspeed",
+                             "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}  # fmt: skip
+    with open(tmp_path / "up.log", "wb") as log:
+        up = subprocess.Popen([*CLI, "up", "--ephemeral", "--no-live", "--minutes", "10", "--workdir", str(workdir),
+                               *[a for role in others for a in ("--without", role)]],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        info = wait_for(lambda: (workdir / "broker.json").is_file() and json.loads((workdir / "broker.json").read_text()),
+                        180, "the broker of `up`")  # fmt: skip
+        kafka = KafkaConfig(bootstrap=info["bootstrap"], session_timeout_s=6.0)
+
+        async def v0_published() -> bool:
+            return any(w.model == "policy" for w in await read_values(kafka, topics.WEIGHTS))
+
+        await eventually(v0_published, 240, "the two-rank learner's v0")
+        [agent] = [pid for pid in children(up.pid) if b"torch.distributed.run" in cmdline(pid)]
+        ranks = children(agent)
+        assert len(ranks) == 2 and all(cmdline(r).endswith(b"run\0policy-learner\0") for r in ranks)
+        os.kill(up.pid, signal.SIGKILL)
+        up.wait(10)
+        await eventually(lambda: not any(running(p) for p in [agent, *ranks]), 60,
+                         "the agent and its ranks to die with `up`")  # fmt: skip
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait(10)
+        print((tmp_path / "up.log").read_text()[-3000:])
+        for log in sorted((workdir / "logs").glob("*.log")):
+            print(log.name, log.read_text()[-2000:])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (zombies included until reaped)."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lingers where pid 1 does not reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def ranks_alive(config_path: Path) -> bool:
     """Whether a process started with this config file still runs."""
     return subprocess.run(["pgrep", "-f", str(config_path)], capture_output=True).returncode == 0

@@ -300,6 +300,7 @@ def test_secrets_never_appear_in_a_config_repr() -> None:
         ({"FORGESTREAM_SIGNALS__RM_ACC_HIGH": "0.1"}, ("rm_acc_low", "rm_acc_high")),
         ({"FORGESTREAM_FORGE__LOW": "0.9"}, ("forge.low", "forge.high")),
         ({"FORGESTREAM_SCHEDULER__ETA": "5"}, ("policy_learner.eta", "scheduler.eta")),
+        ({"FORGESTREAM_REWARD_LEARNER__RANKS": "2"}, ("reward_learner.ranks", "reward_learner.engine")),
     ],
 )
 def test_cross_field_rules_fail_at_load_naming_both_fields(
