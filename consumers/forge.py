@@ -146,7 +146,7 @@ def _credentials(kafka: KafkaConfig) -> Any:
     )
 
 
-class _Recovery(Recovery):
+class FlowStoppedRecovery(Recovery):
     """faust's recovery, with the consumer's flow stopped while the stream partitions are sought.
 
     After a restore faust resumes and seeks the stream partitions with the flow still on from reading the
@@ -155,16 +155,20 @@ class _Recovery(Recovery):
     the backlog's first rollout). With the flow stopped nothing is delivered until after that clear.
     """
 
+    logger = logging.getLogger("faust.forge.recovery")  # under faust's logger: quiet like the rest of it
+
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
         self.app.consumer.stop_flow()
         await super().on_recovery_completed(generation_id)
 
 
-class _Tables(TableManager):
+class ForgeTables(TableManager):
+    logger = logging.getLogger("faust.forge.tables")
+
     @property
     def recovery(self) -> Recovery:
         if self._recovery is None:
-            self._recovery = _Recovery(self.app, self, beacon=self.beacon, loop=self.loop)
+            self._recovery = FlowStoppedRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
         return self._recovery
 
 
@@ -199,7 +203,7 @@ class Forge:
             web_enabled=False,
             autodiscover=False,
             datadir=str(datadir),
-            TableManager=_Tables,
+            TableManager=ForgeTables,
         )
         self.table = self.app.Table(TABLE, default=None, partitions=self.settings.partitions)
         judged = self.app.topic(bus.names.of(JUDGED), key_serializer="raw", value_serializer="raw")
