@@ -8,7 +8,14 @@ Each engine runs in its own process (one process group each), one warm-up step t
 timed steps; engines run interleaved `--repeats` times and the best rate is kept (shared machine).
 ZeRO-2 under torchrun x 2 is measured too (both ranks share this machine's cores; aggregate rate).
 
+`--role`: the policy-learner role itself (`forgestream run policy-learner`, ZeRO-2) on 1 and on 2
+torchrun ranks, through a broker: `--groups` sample groups of 64 household-sized samples wait on the
+samples topic, and the rate is samples trained per second between the publishes of v1 and of the last
+version (reading Kafka, sharing each batch across ranks, the reference-KL forward, checkpoints and
+weight publishes included; the first batch's warm-up is not).
+
     python -m benchmarks.learner_throughput [--steps 5] [--repeats 2] [--out benchmarks/results/learner.json]
+    python -m benchmarks.learner_throughput --role [--groups 16] [--out benchmarks/results/learner_role.json]
 """
 
 from __future__ import annotations
@@ -101,13 +108,141 @@ def run_case(engine_name: str, stage: int, procs: int, steps: int) -> dict:
     return json.loads(lines[0].removeprefix("RESULT "))
 
 
+GROUP = 64  # samples per group (one rollout request)
+
+
+async def _publish_groups(bootstrap: str, groups: int, vocab: int) -> None:
+    import random
+
+    from infra.bus import Bus
+    from infra.topics import create_topics
+    from schemas.config import KafkaConfig
+    from schemas.events import PolicySample, PolicySampleBatch
+    from schemas.topics import SAMPLES_POLICY
+
+    kafka = KafkaConfig(bootstrap=bootstrap)
+    await create_topics(kafka)
+    rng = random.Random(0)
+    async with Bus(kafka, role="bench") as bus:
+        for g in range(groups):
+            samples = [
+                PolicySample(
+                    sample_key=f"g{g}/{i}/0",
+                    task_id=f"t{g}",
+                    policy_version=0,
+                    prompt_token_ids=[rng.randrange(4, vocab) for _ in range(PROMPT)],
+                    response_token_ids=[rng.randrange(4, vocab) for _ in range(RESPONSE)],
+                    behaviour_logprobs=[-7.0] * RESPONSE,
+                    advantage=1.0 if i % 2 else -1.0,
+                    reward=1.0 if i % 2 else -1.0,
+                )  # fmt: skip
+                for i in range(GROUP)
+            ]
+            await bus.send(
+                SAMPLES_POLICY, PolicySampleBatch(request_id=f"g{g}", samples=samples), key=f"g{g}"
+            )
+
+
+async def _published(bootstrap: str) -> list[tuple[int, float]]:
+    from infra.bus import Bus
+    from schemas.config import KafkaConfig
+    from schemas.topics import WEIGHTS
+
+    async with Bus(KafkaConfig(bootstrap=bootstrap), role="bench") as bus:
+        records = await bus.read_topic(WEIGHTS, latest_per_key=False)
+    return [(r.value.version, r.timestamp_ms / 1000.0) for r in records if r.value.model == "policy"]
+
+
+def role_case(ranks: int, groups: int, batch_samples: int) -> dict:
+    """The policy-learner role on `ranks` processes through a fresh ephemeral broker."""
+    import shutil
+    import signal
+    import tempfile
+
+    import anyio
+
+    from benchmarks import child_env
+    from infra.broker import Broker
+    from infra.models import load_trainable
+    from schemas.config import ModelConfig
+
+    versions = groups * GROUP // batch_samples
+    workdir = Path(tempfile.mkdtemp(prefix="forgestream-learner-role-"))
+    vocab = load_trainable(ModelConfig(), role="policy", workdir=workdir)[0].config.vocab_size
+    env = child_env(FORGESTREAM_POLICY_LEARNER__ENGINE="deepspeed", FORGESTREAM_POLICY_LEARNER__ZERO_STAGE="2",
+                    FORGESTREAM_POLICY_LEARNER__BATCH_SAMPLES=str(batch_samples),
+                    FORGESTREAM_POLICY_LEARNER__BATCH_WAIT_S="0", FORGESTREAM_POLICY_LEARNER__ETA="1000",
+                    FORGESTREAM_SCHEDULER__ETA="1000", PYTHONPATH=str(ROOT),
+                    TORCH_EXTENSIONS_DIR=str(ROOT / ".cache" / "torch_extensions"))  # fmt: skip
+    role = ["-m", "app.cli", "run", "policy-learner", "--workdir", str(workdir)]
+    with Broker() as broker:
+        anyio.run(_publish_groups, broker.bootstrap, groups, vocab)
+        if ranks > 1:
+            from app.ranks import torchrun_argv
+
+            cmd = [*torchrun_argv(ranks, "policy-learner"), "--workdir", str(workdir)]
+        else:
+            cmd = [sys.executable, *role]
+        with open(workdir / "learner.log", "wb") as log:
+            proc = subprocess.Popen([*cmd, "--bootstrap", broker.bootstrap], cwd=ROOT, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 900
+            while True:
+                published = dict(anyio.run(_published, broker.bootstrap))
+                if max(published, default=-1) >= versions:
+                    break
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"learner on {ranks} ranks stopped short: {(workdir / 'learner.log').read_text()[-3000:]}"
+                    )
+                time.sleep(1.0)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+    shutil.rmtree(workdir, ignore_errors=True)
+    seconds = published[versions] - published[1]
+    trained = (versions - 1) * batch_samples
+    return {"ranks": ranks, "versions": versions, "samples_timed": trained, "seconds": round(seconds, 2),
+            "samples_per_s": round(trained / seconds, 2)}  # fmt: skip
+
+
+def main_role(groups: int, out: Path) -> None:
+    batch_samples = 256
+    cases = [role_case(ranks, groups, batch_samples) for ranks in (1, 2)]
+    for case in cases:
+        print(case, flush=True)
+    report = {
+        "benchmark": "learner_role_ranks",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads 1, python {platform.python_version()}",
+        "model": "tiny preset", "engine": "deepspeed ZeRO-2", "batch_samples": batch_samples,
+        "sample": {"prompt_tokens": PROMPT, "response_tokens": RESPONSE}, "groups": groups, "cases": cases,
+        "two_ranks_over_one": round(cases[1]["samples_per_s"] / cases[0]["samples_per_s"], 3),
+    }  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: report[k] for k in ("two_ranks_over_one",)}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learner.json")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results JSON (default: learner.json, learner_role.json)"
+    )
+    parser.add_argument(
+        "--role", action="store_true", help="the policy-learner role on 1 and 2 ranks, through Kafka"
+    )
+    parser.add_argument(
+        "--groups", type=int, default=16, help="--role: sample groups of 64 waiting on the topic"
+    )
     parser.add_argument("--worker", nargs=2, metavar=("ENGINE", "STAGE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    results = ROOT / "benchmarks" / "results"
+    if args.role:
+        return main_role(args.groups, args.out or results / "learner_role.json")
+    args.out = args.out or results / "learner.json"
     if args.worker:
         result = worker(args.worker[0], int(args.worker[1]), args.steps)
         if int(os.environ.get("RANK", "0")) == 0:

@@ -149,7 +149,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     live: list[LiveEpisode] = []
     ended_at: collections.deque[float] = collections.deque(maxlen=64)
     turn = 0
-    expected_n = config.scheduler.rollouts_per_task
+    # rollouts per request, as the requests say (the first fetch takes one): sizes each fetch
+    expected_n = cfg.parallel_episodes
 
     async with Bus(config.kafka, role="actor") as bus:
         serving = await load_serving_model(config, bus, "policy")
@@ -157,6 +158,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def admit(consumer: Any) -> None:
             """Fetch requests while fewer episodes than parallel_episodes are live or waiting."""
+            nonlocal expected_n
             free = cfg.parallel_episodes - len(live) - len(waiting)
             if free <= 0:
                 return
@@ -165,6 +167,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             )
             for record in records:
                 request: RolloutRequest = record.value
+                expected_n = request.n
                 if request.request_id in running:
                     continue  # redelivered while still running: that run commits it
                 offsets.start(record)

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "generation": "generation.py",
     "fanout": "weight_fanout.py",
     "learner": "learner_throughput.py",
+    "learner_role": "learner_throughput.py --role",
     "actor_scaling": "actor_scaling.py",
     "staleness": "staleness.py",
     "async_vs_sync": "async_vs_sync.py",
@@ -20,6 +21,7 @@ BENCHMARKS = {
     "learning": "learning.py",
     "textworld": "textworld_ladder.py",
     "fuzz": "fuzz.py",
+    "chaos": "chaos.py",
 }
 
 
@@ -40,11 +42,12 @@ def bench(
     root = project_root()
     failed = []
     for name in names:
-        script = root / "benchmarks" / BENCHMARKS[name]
+        file, *flags = BENCHMARKS[name].split()
+        script = root / "benchmarks" / file
         if not script.is_file():
             fail(f"benchmark script {script} is missing (run from a source checkout)")
-        typer.echo(f"== {name}: {script.name}")
-        if subprocess.run([sys.executable, str(script)], cwd=root).returncode != 0:
+        typer.echo(f"== {name}: {' '.join([script.name, *flags])}")
+        if subprocess.run([sys.executable, str(script), *flags], cwd=root).returncode != 0:
             failed.append(name)
     if failed:
         fail(f"benchmarks failed: {', '.join(failed)}", code=1)
