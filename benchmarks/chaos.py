@@ -110,28 +110,6 @@ def trained_twice(workdir: Path) -> dict:
     return out
 
 
-def wait_for_judged(workdir: Path, up: subprocess.Popen, timeout_s: float = 600.0) -> str:
-    from infra.bus import Bus
-    from schemas import topics
-    from schemas.config import KafkaConfig
-
-    async def judged_once(bootstrap: str) -> bool:
-        async with Bus(KafkaConfig(bootstrap=bootstrap), role="chaos") as bus:
-            return bool(await bus.read_topic(topics.JUDGED, latest_per_key=False))
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if up.poll() is not None:
-            raise RuntimeError(f"up ended before the loop was live; see {workdir / 'up.log'}")
-        broker = workdir / "broker.json"
-        if broker.is_file():
-            bootstrap = json.loads(broker.read_text())["bootstrap"]
-            if anyio.run(judged_once, bootstrap):
-                return bootstrap
-        time.sleep(5)
-    raise TimeoutError(f"no judged trajectory within {timeout_s:.0f} s; see {workdir / 'up.log'}")
-
-
 def evaluate(workdir: Path, policy: str, env: dict[str, str]) -> float:
     out = workdir / f"eval-{policy}.json"
     subprocess.run([sys.executable, "-m", "app.cli", "eval", "--policy", policy, "--levels", "4", "--tasks", "40",
@@ -151,21 +129,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from benchmarks import child_env
-    from benchmarks.fuzz import restarts
+    from benchmarks import child_env, restarts, start_up, wait_for_live
     from infra.broker import Broker
 
-    workdir = ROOT / ".work" / "bench-chaos"
-    subprocess.run(["rm", "-rf", str(workdir)], check=True)
-    workdir.mkdir(parents=True)
     env = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
-    with open(workdir / "up.log", "wb") as log:
-        up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--no-live", "--separate-light-roles",
-                               "--minutes", str(args.minutes), "--workdir", str(workdir)],
-                              cwd=ROOT, env=env, stdout=log, stderr=log)  # fmt: skip
+    workdir, up = start_up("bench-chaos", args.minutes, env, "--separate-light-roles")
     kills: list[dict] = []
     try:
-        wait_for_judged(workdir, up)
+        wait_for_live(workdir, up, timeout_s=600)
         rng = random.Random(args.seed)
         rotation: list[str] = []
         start = time.monotonic()

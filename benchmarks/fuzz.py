@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -171,15 +169,6 @@ def tally(written: dict[str, list[tuple[int, int, str]]], letters: list[Any]) ->
     return out
 
 
-def restarts(workdir: Path) -> dict[str, int]:
-    """Per role log: starts after the first (the supervisor writes a line at every start)."""
-    out = {}
-    for log in sorted((workdir / "logs").glob("*.log")):
-        starts = re.findall(rb"=== \d\d:\d\d:\d\d start ", log.read_bytes())
-        out[log.stem] = max(0, len(starts) - 1)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000, help="bad records per topic")
@@ -188,19 +177,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "fuzz.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from benchmarks import child_env
-    from schemas.topics import JUDGED
+    from benchmarks import child_env, restarts, start_up, wait_for_live
 
-    workdir = ROOT / ".work" / "bench-fuzz"
-    subprocess.run(["rm", "-rf", str(workdir)], check=True)
-    workdir.mkdir(parents=True)
     env = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
-    with open(workdir / "up.log", "wb") as log:
-        up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--ephemeral", "--no-live", "--minutes",
-                               str(args.minutes), "--workdir", str(workdir)], cwd=ROOT, env=env, stdout=log,
-                              stderr=log)  # fmt: skip
+    workdir, up = start_up("bench-fuzz", args.minutes, env, "--ephemeral")
     try:
-        bootstrap = wait_for_live(workdir, up, JUDGED)
+        bootstrap = wait_for_live(workdir, up)
         t0 = time.monotonic()
         written = anyio.run(inject, bootstrap, args.count, 0)
         inject_s = time.monotonic() - t0
@@ -225,28 +207,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
-
-
-def wait_for_live(workdir: Path, up: subprocess.Popen, judged: str, timeout_s: float = 300.0) -> str:
-    """The run's broker address, once its first trajectory has been judged."""
-    from infra.bus import Bus
-    from schemas.config import KafkaConfig
-
-    async def judged_once(bootstrap: str) -> bool:
-        async with Bus(KafkaConfig(bootstrap=bootstrap), role="fuzz") as bus:
-            return bool(await bus.read_topic(judged, latest_per_key=False))
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if up.poll() is not None:
-            raise RuntimeError(f"up ended before the loop was live; see {workdir / 'up.log'}")
-        broker = workdir / "broker.json"
-        if broker.is_file():
-            bootstrap = json.loads(broker.read_text())["bootstrap"]
-            if anyio.run(judged_once, bootstrap):
-                return bootstrap
-        time.sleep(5)
-    raise TimeoutError(f"no judged trajectory within {timeout_s:.0f} s; see {workdir / 'up.log'}")
 
 
 if __name__ == "__main__":
