@@ -54,7 +54,7 @@ def consumed_topics() -> dict[str, int]:
 def followed_topics() -> list[str]:
     from schemas import topics as t
 
-    return [t.TASKS, t.WEIGHTS, t.METRICS]
+    return [t.TASKS, t.GROUPS, t.WEIGHTS, t.METRICS]
 
 
 def examples(real: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

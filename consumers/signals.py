@@ -6,7 +6,9 @@ beginning without a group (every member needs every task's status).
 Produces one `PolicySampleBatch` per group on `forge.samples.policy` (a sample per (rollout, step)
 with a non-zero advantage) and one `RewardSampleBatch` on `forge.samples.reward` (a sample per
 judgement with a non-zero advantage, only when lo <= group accuracy <= hi); the math is
-`algorithm.group_signals` (R = O + λ·mean S, per-step z-scores, consistency / CURE rewards).
+`algorithm.group_signals` (R = O + λ·mean S, per-step z-scores, consistency / CURE rewards). Then,
+for every group that leaves, trained or dropped, a `GroupSettled` on `forge.groups`: how the
+scheduler counts running requests and groups that train, without redoing this stage's decisions.
 
 Invariants:
 - a group is published once it holds group_size distinct rollouts (duplicate deliveries of a
@@ -34,7 +36,6 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
 
 import anyio
 
@@ -43,17 +44,12 @@ from pipeline.groups import RolloutGroup
 from pipeline.samples import build_samples
 from pipeline.taskpool import TaskPool
 from schemas.config import RunConfig, SignalsConfig
-from schemas.events import (
-    JudgedTrajectory,
-    TaskSpec,
-)
-from schemas.topics import JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
+from schemas.events import GroupAction, GroupSettled, JudgedTrajectory, TaskSpec
+from schemas.topics import GROUPS, JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
 
 log = logging.getLogger("forgestream.signals")
 GROUP = "signals"
-# what leaves the gatherer: trained whole, trained with the rollouts that arrived, or dropped: the
-# variant was rejected, stayed undecided, or too few rollouts arrived in time
-Action = Literal["train", "partial", "rejected", "undecided", "timeout"]
+Action = GroupAction  # what leaves the gatherer (schemas.events: trained, in part, or dropped and why)
 DROPS: tuple[Action, ...] = ("rejected", "undecided", "timeout")
 
 
@@ -168,25 +164,33 @@ class Gatherer:
 
 
 async def _publish(bus: Bus, group: Group, action: Action, config: SignalsConfig) -> None:
+    """The group's samples (unless it is dropped), then its GroupSettled."""
+    policy_samples = reward_samples = 0
     if action in DROPS:
         log.info("group %s dropped (%s, %d rollouts)", group.request_id, action, len(group.rollouts))
         await bus.metric("signals/groups_dropped", 1.0, reason=action)
-        return
-    try:
-        policy, reward, signals = build_samples(group.request_id, group.ordered(), config)
-    except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
-        log.warning("group %s dropped: %s", group.request_id, e)
-        await bus.metric("signals/groups_dropped", 1.0, reason="invalid")
-        return
-    if policy.samples:
-        await bus.send(SAMPLES_POLICY, policy, key=group.request_id)
-    if reward.samples:
-        await bus.send(SAMPLES_REWARD, reward, key=group.request_id)
-    await bus.metric("signals/policy_samples", float(len(policy.samples)))
-    await bus.metric("signals/reward_samples", float(len(reward.samples)))
-    await bus.metric("signals/group_accuracy", signals.accuracy, task=group.task.task_id)
-    if action == "partial":
-        await bus.metric("signals/groups_incomplete", 1.0)
+    else:
+        try:
+            policy, reward, signals = build_samples(group.request_id, group.ordered(), config)
+        except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
+            log.warning("group %s dropped: %s", group.request_id, e)
+            await bus.metric("signals/groups_dropped", 1.0, reason="invalid")
+            action = "invalid"
+        else:
+            if policy.samples:
+                await bus.send(SAMPLES_POLICY, policy, key=group.request_id)
+            if reward.samples:
+                await bus.send(SAMPLES_REWARD, reward, key=group.request_id)
+            policy_samples, reward_samples = len(policy.samples), len(reward.samples)
+            await bus.metric("signals/policy_samples", float(policy_samples))
+            await bus.metric("signals/reward_samples", float(reward_samples))
+            await bus.metric("signals/group_accuracy", signals.accuracy, task=group.task.task_id)
+            if action == "partial":
+                await bus.metric("signals/groups_incomplete", 1.0)
+    settled = GroupSettled(request_id=group.request_id, task_id=group.task.task_id, action=action,
+                           rollouts=len(group.rollouts), policy_samples=policy_samples,
+                           reward_samples=reward_samples)  # fmt: skip
+    await bus.send(GROUPS, settled, key=group.request_id)
 
 
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:

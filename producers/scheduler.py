@@ -1,22 +1,22 @@
 """Scheduler: samples tasks from the pool and asks the actors for rollout groups.
 
 Consumes: `forge.tasks` (the task pool: last value per task_id, active + pending),
-          `forge.trajectories.judged` (finished groups), `forge.weights` (latest policy version),
+          `forge.groups` (GroupSettled: what the signals stage did with each group),
+          `forge.weights` (latest policy version),
           `forge.rollout.requests` once at start (what an earlier incarnation already asked for).
 Produces: `forge.rollout.requests` (RolloutRequest of n = rollouts_per_task, key request_id),
           `forge.tasks` (seed tasks, only when the pool is empty), metrics `scheduler/*`
           (`scheduler/gate`: the capacity whenever its inputs change, labelled running / accepted).
 Invariant: requests in flight never exceed `algorithm.capacity` (AReaL's gate): running = requests
-sent whose group has not been fully judged yet, accepted = judged groups that yield policy samples
-(`algorithm.group_signals` on the group's outcomes and verdicts, as the signals stage computes them:
-what the learner trains on), version = the latest published policy version. So no trained sample
-is more than `eta` versions stale unless the learner falls behind its own batch size. A group with
-no signal (every advantage 0: e.g. all rollouts failed and the verdicts tell no step apart) is
-never trained on, so it frees its slot
-without counting as accepted: otherwise a policy that fails everything would stall the loop at
-(eta + version + 1) * batch_size groups with the learner waiting for samples that never come.
-A request whose group is still unjudged after `request_timeout_s` (lost to the DLQ, a retired task)
-stops counting as running.
+sent whose group the signals stage has not settled yet, accepted = settled groups that yielded policy
+samples (what the learner trains on, as signals decided it: no second computation here), version =
+the latest published policy version. So no trained sample is more than `eta` versions stale unless
+the learner falls behind its own batch size. A group with no signal (every advantage 0: e.g. all
+rollouts failed and the verdicts tell no step apart), or one dropped (a rejected variant), is never
+trained on, so it frees its slot without counting as accepted: otherwise a policy that fails
+everything would stall the loop at (eta + version + 1) * batch_size groups with the learner waiting
+for samples that never come. A request never settled after `request_timeout_s` (lost to the DLQ, a
+retired task) stops counting as running.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
 import msgspec
 
-from algorithm import capacity, group_signals
+from algorithm import capacity
 from envs import get_environment
 from envs.base import Environment
 from envs.seeds import training_rng
@@ -38,7 +37,7 @@ from infra.bus import Bus, RecentKeys
 from pipeline.taskpool import TaskPool
 from schemas import topics
 from schemas.config import RunConfig
-from schemas.events import JudgedTrajectory, RolloutRequest, TaskSpec, WeightsPublished
+from schemas.events import RolloutRequest, TaskSpec, WeightsPublished
 
 log = logging.getLogger("forgestream.scheduler")
 
@@ -63,71 +62,42 @@ def seed_tasks(env: Environment, count: int, difficulty: int, rng: random.Random
 # --- in-flight accounting ------------------------------------------------------------------------
 @dataclass
 class Flight:
-    """Which requests are running (until all their trajectories are judged) and how many judged groups
-    carried a training signal (`has_signal(outcomes, verdicts)`). Bounded on a long run: finished ids
-    are remembered in an LRU window, and an unfinished group (sent or only judged) is forgotten
-    `request_timeout_s` after it was first seen."""
+    """Which requests are running (until the signals stage settles their group) and how many settled
+    groups train the policy. Bounded on a long run: finished ids are remembered in an LRU window, and
+    a request never settled is forgotten `request_timeout_s` after it was sent."""
 
     request_timeout_s: float
-    has_signal: Callable[[list[int], list[list[list[int]]]], bool]
     finished_window: int = 100_000
-    sent_at: dict[str, float] = field(default_factory=dict)  # request_id -> monotonic send time
-    first_seen: dict[str, float] = field(default_factory=dict)  # unfinished request_id -> first event
-    group_size: dict[str, int] = field(default_factory=dict)
-    judged: dict[str, dict[int, tuple[int, list[list[int]]]]] = field(default_factory=dict)
-    """request_id -> rollout index -> (outcome, verdicts per step)"""
-    accepted: int = 0  # judged groups with a training signal
+    sent_at: dict[str, float] = field(default_factory=dict)  # running request_id -> monotonic send time
+    accepted: int = 0  # settled groups with policy samples
     expired: int = 0
 
     def __post_init__(self) -> None:
         self.done = RecentKeys(self.finished_window)
 
-    def sent(self, request_id: str, n: int, at: float) -> None:
+    def sent(self, request_id: str, at: float) -> None:
+        if request_id not in self.done:
+            self.sent_at.setdefault(request_id, at)
+
+    def settled(self, request_id: str, trains: bool) -> None:
+        """Its group left the signals stage (a copy after a signals restart counts once)."""
         if request_id in self.done:
             return
-        self.sent_at.setdefault(request_id, at)
-        self.first_seen.setdefault(request_id, at)
-        self.group_size[request_id] = n
-        self._maybe_finish(request_id)
-
-    def judged_one(
-        self,
-        request_id: str,
-        rollout_index: int,
-        group_size: int,
-        outcome: int,
-        verdicts: list[list[int]],
-        at: float | None = None,
-    ) -> None:
-        if request_id in self.done:
-            return
-        self.first_seen.setdefault(request_id, time.monotonic() if at is None else at)
-        self.group_size.setdefault(request_id, group_size)
-        self.judged.setdefault(request_id, {})[rollout_index] = (outcome, verdicts)
-        self._maybe_finish(request_id)
-
-    def _maybe_finish(self, request_id: str) -> None:
-        n = self.group_size.get(request_id)
-        rollouts = self.judged.get(request_id, {})
-        if n is not None and len(rollouts) >= n:
-            ordered = [rollouts[i] for i in sorted(rollouts)]
-            self.accepted += bool(self.has_signal([o for o, _ in ordered], [v for _, v in ordered]))
-            self._forget(request_id)
+        self.accepted += trains
+        self._forget(request_id)
 
     def _forget(self, request_id: str) -> None:
         self.done.add(request_id)
-        for table in (self.sent_at, self.first_seen, self.judged, self.group_size):
-            table.pop(request_id, None)
+        self.sent_at.pop(request_id, None)
 
     def expire(self, now: float) -> int:
-        """Forget groups first seen longer than the timeout ago; returns how many sent ones expired
-        (they stop counting as running)."""
-        old = [r for r, t in self.first_seen.items() if now - t > self.request_timeout_s]
-        running = sum(r in self.sent_at for r in old)
+        """Forget requests sent longer than the timeout ago and never settled; returns how many (they
+        stop counting as running)."""
+        old = [r for r, t in self.sent_at.items() if now - t > self.request_timeout_s]
         for request_id in old:
             self._forget(request_id)
-        self.expired += running
-        return running
+        self.expired += len(old)
+        return len(old)
 
     @property
     def running(self) -> int:
@@ -161,19 +131,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     env = get_environment(cfg.domain)
     rng = random.Random(config.seed)
     pool = TaskPool()
-    sig = config.signals
-    flight = Flight(
-        request_timeout_s=cfg.request_timeout_s,
-        has_signal=lambda outcomes, verdicts: bool(
-            group_signals(
-                outcomes,
-                verdicts,
-                lam=sig.lam,
-                policy_acc_low=sig.policy_acc_low,
-                policy_acc_high=sig.policy_acc_high,
-            ).policy  # fmt: skip
-        ),
-    )
+    flight = Flight(request_timeout_s=cfg.request_timeout_s)
     scheduled: dict[str, int] = {}
     version = 0
     wake = anyio.Event()
@@ -191,7 +149,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
         now = time.monotonic()
         for record in previous:
             request: RolloutRequest = record.value
-            flight.sent(request.request_id, request.n, now)
+            flight.sent(request.request_id, now)
             scheduled[request.task.task_id] = scheduled.get(request.task.task_id, 0) + 1
         sequence = len(previous)
         log.info("scheduler: %d tasks in pool, %d earlier requests", len(pool), sequence)
@@ -208,12 +166,9 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 pool.update(record.value)
                 poke()
 
-        async def follow_judged() -> None:
-            async for record in bus.follow_topic(topics.JUDGED, shutdown=shutdown):
-                judged: JudgedTrajectory = record.value
-                t = judged.trajectory
-                verdicts = [step.verdicts for step in judged.steps]
-                flight.judged_one(t.request_id, t.rollout_index, t.group_size, t.outcome, verdicts)
+        async def follow_groups() -> None:
+            async for record in bus.follow_topic(topics.GROUPS, shutdown=shutdown):
+                flight.settled(record.value.request_id, trains=record.value.policy_samples > 0)
                 poke()
 
         async def follow_weights() -> None:
@@ -254,7 +209,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     # keyed by request, not task: with few tasks a task key left partitions (and the
                     # actors that own them) idle while work was queued on others
                     await bus.send(topics.ROLLOUT_REQUESTS, request, key=request.request_id)
-                    flight.sent(request.request_id, request.n, time.monotonic())
+                    flight.sent(request.request_id, time.monotonic())
                 if picked:
                     await bus.metric("scheduler/requests", float(len(picked)), step=version)
                     await bus.metric("scheduler/running", float(flight.running), step=version)
@@ -262,7 +217,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     await wake.wait()
 
         async with anyio.create_task_group() as tg:
-            for loop in (follow_tasks, follow_judged, follow_weights, emit):
+            for loop in (follow_tasks, follow_groups, follow_weights, emit):
                 tg.start_soon(loop)
             await shutdown.wait()
             tg.cancel_scope.cancel()

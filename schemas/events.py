@@ -186,6 +186,26 @@ class RewardSampleBatch(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
+# --- forge.groups (key request_id): signals -> scheduler ---
+GroupAction = Literal["train", "partial", "rejected", "undecided", "timeout", "invalid"]
+"""train: whole group; partial: what arrived before the timeout; the rest are drops: rejected (its
+variant task was rejected), undecided (its variant never decided), timeout (under 2 rollouts), invalid
+(a malformed group)."""
+
+
+class GroupSettled(Event, frozen=True, kw_only=True):
+    """What became of one rollout group once it left the signals stage: the scheduler's count of
+    groups that train (policy_samples > 0) and of requests still running."""
+
+    request_id: str
+    task_id: str
+    action: GroupAction
+    rollouts: Count
+    policy_samples: Count = 0
+    reward_samples: Count = 0
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
 class CriticFeedback(Struct, frozen=True, kw_only=True):
     """What the reward model saw, condensed for the env model (paper: critic feedback)."""
 

@@ -35,6 +35,7 @@ TRAJECTORIES = Topic("forge.trajectories", ev.Trajectory)
 JUDGED = Topic("forge.trajectories.judged", ev.JudgedTrajectory)
 SAMPLES_POLICY = Topic("forge.samples.policy", ev.PolicySampleBatch)
 SAMPLES_REWARD = Topic("forge.samples.reward", ev.RewardSampleBatch)
+GROUPS = Topic("forge.groups", ev.GroupSettled)
 TASK_EVENTS = Topic("forge.task.events", ev.TaskEvent)
 WEIGHTS = Topic("forge.weights", ev.WeightsPublished)
 METRICS = Topic("forge.metrics", ev.Metric)
@@ -75,6 +76,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(JUDGED, "request_id", 8, _delete(_LONG_MS)),
         TopicSpec(SAMPLES_POLICY, "request_id", 4, _delete()),
         TopicSpec(SAMPLES_REWARD, "request_id", 4, _delete()),
+        TopicSpec(GROUPS, "request_id", 4, _delete()),
         TopicSpec(TASK_EVENTS, "task_id", 4, _delete()),
         TopicSpec(WEIGHTS, "model", 1, _COMPACT),
         TopicSpec(METRICS, "role", 4, _delete()),

@@ -15,16 +15,7 @@ from producers import scheduler
 from producers.scheduler import Flight, pick_tasks
 from schemas import topics
 from schemas.config import RunConfig, SchedulerConfig
-from schemas.events import (
-    JudgedTrajectory,
-    Judgement,
-    RolloutRequest,
-    Step,
-    StepJudgement,
-    TaskSpec,
-    Trajectory,
-    WeightsPublished,
-)
+from schemas.events import GroupSettled, RolloutRequest, TaskSpec, WeightsPublished
 from tests.conftest import wait_records
 
 
@@ -45,44 +36,34 @@ def test_pool_keeps_newest_version_and_drops_retired() -> None:
     assert [t.task_id for t in pool.schedulable()] == ["a"]
 
 
-def signal(outcomes: list[int], verdicts: list[list[list[int]]]) -> bool:
-    """A stand-in rule for the unit test: mixed outcomes carry a signal."""
-    return len(set(outcomes)) > 1
-
-
-def test_flight_runs_until_judged_and_accepts_groups_with_a_signal() -> None:
-    flight = Flight(request_timeout_s=10.0, has_signal=signal)
+def test_flight_runs_until_settled_and_accepts_groups_that_train() -> None:
+    flight = Flight(request_timeout_s=10.0)
     for request_id in ("r1", "r2", "r3"):
-        flight.sent(request_id, 2, at=0.0)
-    flight.judged_one("r1", 0, 2, 1, [[1]])
-    flight.judged_one("r1", 0, 2, 1, [[1]])  # redelivered judgement
+        flight.sent(request_id, at=0.0)
     assert (flight.running, flight.accepted) == (3, 0)
-    flight.judged_one("r1", 1, 2, -1, [[-1]])
-    assert (flight.running, flight.accepted) == (2, 1)  # judged, mixed outcomes: trained on
-    flight.judged_one("r2", 0, 2, -1, [[0]])
-    flight.judged_one("r2", 1, 2, -1, [[0]])
-    assert (flight.running, flight.accepted) == (1, 1)  # no signal: frees its slot, not accepted
-    flight.judged_one("r1", 1, 2, -1, [[-1]])  # after the group is done: ignored
-    assert flight.expire(now=11.0) == 1  # r3 never judged
+    flight.settled("r1", trains=True)
+    assert (flight.running, flight.accepted) == (2, 1)  # policy samples: trained on
+    flight.settled("r2", trains=False)
+    assert (flight.running, flight.accepted) == (1, 1)  # no signal, or dropped: frees its slot only
+    flight.settled("r1", trains=True)  # a copy after a signals restart: counted once
+    assert flight.expire(now=11.0) == 1  # r3 never settled
     assert (flight.running, flight.accepted, flight.expired) == (0, 1, 1)
+    flight.sent("r3", at=12.0)  # an earlier request re-read at a restart: done, not running again
+    assert flight.running == 0
 
 
 def test_flight_memory_stays_flat_over_ten_times_its_window() -> None:
-    """A run of days: finished ids live in an LRU window, and a group that never completes (sent, or
-    only partly judged after a restart) is forgotten after the timeout."""
-    flight = Flight(request_timeout_s=10.0, has_signal=signal, finished_window=100)
+    """1,000 requests through a window of 100: half settle, half are never settled and expire."""
+    flight = Flight(request_timeout_s=10.0, finished_window=100)
     for i in range(1000):
         at = float(i)
-        flight.sent(f"r{i}", 2, at=at)
-        flight.judged_one(f"r{i}", 0, 2, 1, [[1]], at=at)
+        flight.sent(f"r{i}", at=at)
         if i % 2:
-            flight.judged_one(f"r{i}", 1, 2, -1, [[-1]], at=at)  # odd groups finish (with a signal)
-        flight.judged_one(f"late{i}", 0, 2, 1, [[1]], at=at)  # judged only, never completed
+            flight.settled(f"r{i}", trains=True)
         flight.expire(now=at)
-        sizes = (len(flight.sent_at), len(flight.first_seen), len(flight.judged), len(flight.group_size))
-        assert max(sizes) <= 2 * 11 and len(flight.done) <= 100
-    assert flight.accepted == 500 and flight.expired == 500 - 5  # the last 5 even groups still run
-    flight.judged_one("r999", 1, 2, -1, [[-1]])  # a redelivery of a finished group: still ignored
+        assert len(flight.sent_at) <= 11 and len(flight.done) <= 100
+    assert flight.accepted == 500 and flight.expired == 500 - 5  # the last 5 even requests still run
+    flight.settled("r999", trains=True)  # a copy of a settled group: still ignored
     assert flight.accepted == 500
 
 
@@ -98,40 +79,15 @@ def test_pick_tasks_puts_unscheduled_pending_first_then_spreads() -> None:
 # --- run() against the broker --------------------------------------------------------------------
 
 
-def judged(request: RolloutRequest, index: int, outcome: int, verdict: int) -> JudgedTrajectory:
-    """A judged one-step rollout (token ids are placeholders: the scheduler reads outcome and verdicts)."""
-    step = Step(
-        index=0,
-        prompt="p",
-        response="r",
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        behaviour_logprobs=[-0.5],
-        policy_version=0,
-    )
-    trajectory = Trajectory(
-        request_id=request.request_id,
-        rollout_index=index,
-        group_size=request.n,
-        task=request.task,
-        steps=[step],
-        outcome=outcome,  # type: ignore[arg-type]
-    )
-    judgement = Judgement(
-        verdict=verdict,  # type: ignore[arg-type]
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        behaviour_logprobs=[-0.1],
-    )
-    return JudgedTrajectory(
-        trajectory=trajectory, steps=[StepJudgement(step_index=0, judgements=[judgement])], reward_version=0
-    )
+def settled(request: RolloutRequest, policy_samples: int) -> GroupSettled:
+    return GroupSettled(request_id=request.request_id, task_id=request.task.task_id,
+                        action="train", rollouts=request.n, policy_samples=policy_samples)  # fmt: skip
 
 
 @pytest.mark.timeout(90)
 async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config: Any, tmp_path: Any) -> None:
     # eta=0, batch_size=1: capacity = min(4 - running, (version + 1) * 1 - (accepted + running)),
-    # running = requests not fully judged, accepted = judged groups with a training signal.
+    # running = requests not settled by signals yet, accepted = settled groups with policy samples.
     cfg = SchedulerConfig(
         domain="household",
         seed_tasks=3,
@@ -167,10 +123,10 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         request = first[0]
         assert request.n == 2 and request.task.task_id in {t.task_id for t in seeded}
 
-        # judged, one success and one failure (R = +2, -2: a signal): running 0, accepted 1
-        # -> capacity (0 + 1) - 1 = 0, still one request.
-        await bus.send(topics.JUDGED, judged(request, 0, 1, 1), key=request.request_id)
-        await bus.send(topics.JUDGED, judged(request, 1, -1, -1), key=request.request_id)
+        # settled with policy samples: running 0, accepted 1 -> capacity (0 + 1) - 1 = 0, still one
+        # request; a copy (signals restarted) changes nothing.
+        for _ in range(2):
+            await bus.send(topics.GROUPS, settled(request, policy_samples=4), key=request.request_id)
         await gate(0, running=0, accepted=1, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
 
@@ -183,10 +139,9 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         (second,) = [r for r in both if r.request_id != request.request_id]  # records come per partition
         assert second.task.task_id != request.task.task_id  # least-scheduled task first
 
-        # its group is judged without a training signal (both failed, verdicts unparseable: R = -1, -1):
-        # it frees its slot, accepted stays 1 -> capacity (1 + 1) - 1 = 1 -> a third request.
-        for index in range(2):
-            await bus.send(topics.JUDGED, judged(second, index, -1, 0), key=second.request_id)
+        # its group settles without policy samples (no signal): it frees its slot, accepted stays 1
+        # -> capacity (1 + 1) - 1 = 1 -> a third request.
+        await bus.send(topics.GROUPS, settled(second, policy_samples=0), key=second.request_id)
         await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 3)
         await gate(0, running=1, accepted=1, version=1, times=2)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3

@@ -95,6 +95,9 @@ def samples() -> dict[type[msgspec.Struct], msgspec.Struct]:
                 )
             ],
         ),
+        ev.GroupSettled: ev.GroupSettled(
+            request_id="r1", task_id="t1", action="partial", rollouts=6, policy_samples=40, reward_samples=9
+        ),
         ev.TaskEvent: ev.TaskEvent(
             event_id="e1",
             task_id="t1",
@@ -193,6 +196,8 @@ MALFORMED = [
     ("rollout-index", S[ev.Trajectory], ["rollout_index"], 8, "rollout_index"),
     ("bad-sha", S[ev.WeightsPublished], ["sha256"], "xyz", "sha256"),
     ("accuracy-range", S[ev.TaskEvent], ["accuracy"], 1.5, "$.accuracy"),
+    ("bad-group-action", S[ev.GroupSettled], ["action"], "kept", "$.action"),
+    ("negative-samples", S[ev.GroupSettled], ["policy_samples"], -1, "$.policy_samples"),
 ]
 
 

@@ -298,6 +298,21 @@ async def test_signals_role_end_to_end(kafka_config: Any) -> None:
         await wait_records(bus, topics.METRICS, dropped)
         policy = [r.value for r in await bus.read_topic(topics.SAMPLES_POLICY)]
         assert "D" not in {b.request_id for b in policy}
+
+        # --- every group that left is settled once, with what became of it (the scheduler's count) ---
+        settled = await wait_records(bus, topics.GROUPS, lambda v: len(v) >= 5)
+        by_request = {
+            g.request_id: (g.action, g.rollouts, g.policy_samples, g.reward_samples) for g in settled
+        }
+        sizes = {b.request_id: len(b.samples) for b in policy}
+        assert by_request == {
+            "A": ("train", 3, sizes["A"], len(reward[0].samples)),
+            "B": ("train", 2, sizes["B"], 0),
+            probe_id: ("train", 2, sizes[probe_id], 0),
+            "C": ("train", 2, 2, 0),
+            "D": ("rejected", 2, 0, 0),
+        }
+        assert len(settled) == 5
         shutdown.set()
 
 
