@@ -5,8 +5,9 @@ One durable `forgestream up --minutes M --separate-light-roles` (each role its o
 off). Once its first trajectory is judged, every `--every-s` seconds for `--chaos-minutes` the bench
 kills -9 the next role process of a shuffled rotation (actors, judge, signals, forge, scheduler, env
 model, learners: every role once per round, so none fails often enough within `up`'s healthy period to
-count as a crash loop); half-way, it kills -9 the broker (Tansu) and its store (s3rver) together. `up`
-restarts all of them. The run then goes on to its end without faults.
+count as a crash loop); half-way, it kills -9 the broker (Tansu) and its store (s3rver) together, and
+at three quarters it freezes the broker (SIGSTOP) for `--freeze-s` seconds: an outage `up` cannot
+end by restarting it. `up` restarts what died. The run then goes on to its end without faults.
 Afterwards, from the topics (read from the broker's data) and the learners' checkpoint lineage:
 - rollout requests lost: requests sent at least `--settle-s` before the run's last trajectory that
   never got all of their trajectories;
@@ -17,7 +18,7 @@ Afterwards, from the topics (read from the broker's data) and the learners' chec
 - restarts per role, and `up`'s exit code (0: no crash loop ended the run).
 Writes benchmarks/results/chaos.json.
 
-    python benchmarks/chaos.py [--minutes 9] [--chaos-minutes 5] [--every-s 20]
+    python benchmarks/chaos.py [--minutes 10] [--chaos-minutes 5] [--every-s 20]
 """
 
 from __future__ import annotations
@@ -120,11 +121,12 @@ def evaluate(workdir: Path, policy: str, env: dict[str, str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=9.0, help="length of the run")
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the run")
     parser.add_argument("--chaos-minutes", type=float, default=5.0, help="how long roles are killed")
     parser.add_argument("--every-s", type=float, default=20.0, help="seconds between kills")
     parser.add_argument("--settle-s", type=float, default=150.0,
                         help="a request this much older than the last trajectory must be complete")  # fmt: skip
+    parser.add_argument("--freeze-s", type=float, default=60.0, help="how long the broker is frozen once")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = parser.parse_args()
@@ -140,9 +142,20 @@ def main() -> None:
         rng = random.Random(args.seed)
         rotation: list[str] = []
         start = time.monotonic()
-        broker_killed = False
+        broker_killed = broker_frozen = False
         while time.monotonic() - start < args.chaos_minutes * 60 and up.poll() is None:
             time.sleep(args.every_s)
+            if not broker_frozen and time.monotonic() - start >= args.chaos_minutes * 45:
+                tansu = [pid for pid, argv in children(up.pid).items() if argv and argv[0].endswith("tansu")]
+                for pid in tansu:
+                    os.kill(pid, signal.SIGSTOP)
+                time.sleep(args.freeze_s)
+                for pid in tansu:
+                    os.kill(pid, signal.SIGCONT)
+                kills.append({"at_s": round(time.monotonic() - start, 1), "what": f"broker frozen {args.freeze_s:g} s",
+                              "pids": tansu})  # fmt: skip
+                broker_frozen = True
+                continue
             if not broker_killed and time.monotonic() - start >= args.chaos_minutes * 30:
                 pids = broker_pids(up.pid)
                 for pid in pids:
