@@ -254,7 +254,7 @@ def test_several_roles_run_as_tasks_of_one_process(tmp_path: Path, broker) -> No
 
     from infra.topics import create_topics
     from schemas.events import RolloutRequest
-    from tests.test_scheduler import judged
+    from tests.test_signals import judged
 
     prefix = f"light{os.getpid()}."
     kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix=prefix)
@@ -278,9 +278,8 @@ def test_several_roles_run_as_tasks_of_one_process(tmp_path: Path, broker) -> No
             request = RolloutRequest(request_id="light-req", task=task, n=2)
             async with Bus(kafka, role="test") as bus:
                 for index, outcome in ((0, 1), (1, -1)):
-                    await bus.send(
-                        topics.JUDGED, judged(request, index, outcome, outcome), key=request.request_id
-                    )
+                    value = judged(request.request_id, index, request.n, outcome, [[outcome]], task)
+                    await bus.send(topics.JUDGED, value, key=request.request_id)
 
         run_sync(judge_a_group())
 
