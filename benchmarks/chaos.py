@@ -106,7 +106,10 @@ def trained_twice(workdir: Path) -> dict:
 
     out = {}
     for model in ("policy", "reward"):
-        keys = [k for e in read_lineage(workdir / "checkpoints" / model) for k in e["keys"]]
+        # a batch's later epochs (PPO's passes over it) train its keys again by design: count the first
+        keys = [
+            k for e in read_lineage(workdir / "checkpoints" / model) if not e.get("epoch") for k in e["keys"]
+        ]
         out[model] = {"trained": len(keys), "twice": sum(n - 1 for n in Counter(keys).values() if n > 1)}
     return out
 
