@@ -70,6 +70,17 @@ PrefixOpt = Annotated[
 ]
 
 
+def stop_with_supervisor(role: str) -> None:
+    """Started by `up` (FORGESTREAM_SUPERVISOR): get SIGTERM when it dies, even by kill -9 (drain and
+    stop, no orphans); refuse to start if it is already gone."""
+    import signal
+
+    supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
+    die_with_parent(signal.SIGTERM)
+    if supervisor and str(os.getppid()) != supervisor:
+        fail(f"role {role}: its supervisor (pid {supervisor}) is gone; not starting", code=1)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"forgestream: {message}", err=True)
     raise typer.Exit(code)
@@ -255,10 +266,8 @@ def run(
         # a torchrun rank dies with its agent, even by kill -9: torchrun starts ranks in sessions of
         # their own, and a rank left alone would wait in a collective forever
         die_with_parent(signal.SIGKILL)
-    elif supervisor:  # started by `up`: drain and stop when it dies, even by kill -9 (no orphans)
-        die_with_parent(signal.SIGTERM)
-        if str(os.getppid()) != supervisor:
-            fail(f"role {role}: its supervisor (pid {supervisor}) is gone; not starting", code=1)
+    elif supervisor:
+        stop_with_supervisor(role)
     flags = {"kafka.bootstrap": bootstrap, "kafka.topic_prefix": topic_prefix}
     flags["workdir"] = str(workdir) if workdir is not None else None
     cfg = build_config(config, flags)

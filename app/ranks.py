@@ -9,10 +9,7 @@ Rank 0 reads Kafka and every rank trains its share of each batch (`learners.core
 from __future__ import annotations
 
 import os
-import signal
 import sys
-
-from infra.broker import die_with_parent
 
 
 def torchrun_argv(ranks: int, role: str) -> list[str]:
@@ -21,11 +18,10 @@ def torchrun_argv(ranks: int, role: str) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    from app.cli import stop_with_supervisor
+
     ranks, role = int(argv[0]), argv[1]
-    die_with_parent(signal.SIGTERM)
-    supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
-    if supervisor and str(os.getppid()) != supervisor:  # `up` died before the death signal was set
-        sys.exit(f"role {role}: its supervisor (pid {supervisor}) is gone; not starting")
+    stop_with_supervisor(role)
     argv = torchrun_argv(ranks, role)
     os.execv(argv[0], argv)
 
