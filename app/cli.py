@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -70,15 +71,35 @@ PrefixOpt = Annotated[
 ]
 
 
-def stop_with_supervisor(role: str) -> None:
+# How long a stopping role may drain before it is killed: `up` sends SIGKILL after this, and a role
+# whose `up` died exits by itself after this (its drain may retry a broker that died with `up`).
+DRAIN_GRACE_S = 20.0
+
+
+def stop_with_supervisor(role: str, grace_s: float = DRAIN_GRACE_S) -> None:
     """Started by `up` (FORGESTREAM_SUPERVISOR): get SIGTERM when it dies, even by kill -9 (drain and
-    stop, no orphans); refuse to start if it is already gone."""
+    stop, no orphans), and exit `grace_s` later whatever the drain is waiting on; refuse to start if
+    it is already gone."""
     import signal
+    import threading
 
     supervisor = os.environ.get("FORGESTREAM_SUPERVISOR")
     die_with_parent(signal.SIGTERM)
-    if supervisor and str(os.getppid()) != supervisor:
+    if not supervisor:
+        return
+    if str(os.getppid()) != supervisor:
         fail(f"role {role}: its supervisor (pid {supervisor}) is gone; not starting", code=1)
+
+    def exit_when_orphaned() -> None:
+        while str(os.getppid()) == supervisor:
+            time.sleep(0.5)
+        time.sleep(grace_s)
+        log.error("role %s: its supervisor (pid %s) died and the drain did not end within %.0f s; exiting",
+                  role, supervisor, grace_s)  # fmt: skip
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=exit_when_orphaned, name="orphan-watchdog", daemon=True).start()
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

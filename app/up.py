@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
+from app.cli import DRAIN_GRACE_S
 from schemas.config import RunConfig
 
 # Start order matters only for speed: consumers first so nothing waits on a rebalance for long.
@@ -104,7 +105,7 @@ class UpOptions:
     live: bool
     judges: int = 1
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
-    grace_s: float = 20.0
+    grace_s: float = DRAIN_GRACE_S
     light_roles_together: bool = True  # LIGHT_ROLES as tasks of one process
     env: dict[str, str] = field(default_factory=dict)  # config overrides handed to every role
     without: frozenset[str] = frozenset()  # roles not started (e.g. a frozen reward model, a static env)

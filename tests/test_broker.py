@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -116,6 +117,38 @@ def test_a_role_started_by_up_stops_when_up_is_killed() -> None:
     orphan = subprocess.run([*CLI, "run", "scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env=os.environ | {"FORGESTREAM_SUPERVISOR": "1"})  # fmt: skip
     assert orphan.returncode == 1 and "supervisor (pid 1) is gone" in orphan.stderr
+
+
+def test_a_role_whose_up_died_exits_after_the_grace_even_if_its_drain_hangs(tmp_path: Path) -> None:
+    """kill -9 of `up` takes its embedded broker along: its roles get SIGTERM and drain against a dead
+    broker, with nobody left to SIGKILL them after the grace. A role exits by itself then, whatever its
+    drain waits on (here: a SIGTERM handler that never returns), and says why."""
+    log_path = tmp_path / "role.log"
+    child = (
+        "import logging, signal, sys, time; from app.cli import stop_with_supervisor\n"
+        f"logging.basicConfig(filename={str(log_path)!r})\n"
+        "signal.signal(signal.SIGTERM, lambda *_: print('draining', flush=True) or time.sleep(3600))\n"
+        "stop_with_supervisor('judge', grace_s=2.0); print('ready', flush=True); time.sleep(3600)"
+    )
+    supervisor = (
+        "import os, subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=sys.stderr, "
+        "env=os.environ | {'FORGESTREAM_SUPERVISOR': str(os.getpid())}); print(c.pid, flush=True); input()"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", supervisor, child], cwd=ROOT, stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        role_pid = int(parent.stdout.readline())
+        assert parent.stderr.readline() == "ready\n"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        assert parent.stderr.readline() == "draining\n"  # SIGTERM came, and the drain hangs
+        wait_until(lambda: gone(role_pid), 15, "a role whose drain hangs to exit after its grace")
+    finally:
+        parent.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(role_pid, signal.SIGKILL)
+    assert "role judge: its supervisor" in log_path.read_text()
+    assert "did not end within 2 s; exiting" in log_path.read_text()
 
 
 def test_one_up_per_workdir_and_the_config_file_names_it(tmp_path: Path) -> None:
