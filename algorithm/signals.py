@@ -73,6 +73,7 @@ def group_signals(
     verdicts: Sequence[Sequence[Sequence[int]]],
     *,
     lam: float = 1.0,
+    rm_lam: float | None = None,
     rm_acc_low: float = LOW,
     rm_acc_high: float = HIGH,
     policy_acc_low: float = POLICY_ACC_LOW,
@@ -86,12 +87,16 @@ def group_signals(
 
     `outcomes[r]` is rollout r's outcome; `verdicts[r][k]` the m verdicts about its step k.
     `scores[r][k][j]`, when given and not None for every judgement of a step, is the raw reward of
-    judgement j instead of the consistency reward. A target is kept iff |advantage| > atol.
+    judgement j instead of the consistency reward. `rm_lam`, when given, is the λ of the step rewards
+    that the consistency reward uses (the policy's keep `lam`). A target is kept iff |advantage| > atol.
     """
     if len(outcomes) != len(verdicts):
         raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} rollouts' verdicts")
     accuracy = group_accuracy(outcomes)
     step_rewards = [integrated_rewards(o, v, lam) for o, v in zip(outcomes, verdicts, strict=True)]
+    rm_step_rewards = step_rewards
+    if rm_lam is not None and rm_lam != lam:
+        rm_step_rewards = [integrated_rewards(o, v, rm_lam) for o, v in zip(outcomes, verdicts, strict=True)]
     eligible = rm_acc_low <= accuracy <= rm_acc_high
     policy_eligible = policy_acc_low <= accuracy <= policy_acc_high
 
@@ -119,7 +124,7 @@ def group_signals(
             for k, step_verdicts in enumerate(rollout_verdicts):
                 raw = _raw_step_scores(scores, r, k, len(step_verdicts))
                 if raw is None:
-                    raw = consistency_raw(step_rewards[r][k], step_verdicts)
+                    raw = consistency_raw(rm_step_rewards[r][k], step_verdicts)
                 scaled = [a * weights[r] for a in zscore(raw)] if weights else zscore(raw)
                 for j, (value, advantage) in enumerate(zip(raw, scaled, strict=True)):
                     if abs(advantage) > atol:

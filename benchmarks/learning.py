@@ -8,6 +8,8 @@ Rows (household, `tiny` preset, the same wall-clock budget per run):
            off): the reward learner's share of the CPU without its effect on the rewards, i.e. Policy at
            +Reward's compute;
 - +Reward  the reward model co-trained;
+- OwnRM    (not in the default rows) as +Reward, with the reward model's consistency reward at λ = 3.5
+           (signals.rm_lam): its verdicts' 2-1 majority outvotes the outcome, the policy keeps λ = 1;
 - +Env     the full loop (env model proposes variants, forge accepts them).
 Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
 newest policy on held-out tasks of the training band (scheduler.seed_difficulty) and of a band two
@@ -35,8 +37,11 @@ ROWS: dict[str, dict] = {
     "Policy": {"without": ["reward-learner", "env-model"], "env": {}},
     "Shadow": {"without": ["env-model"], "env": {"FORGESTREAM_JUDGE__FOLLOW_WEIGHTS": "false"}},
     "+Reward": {"without": ["env-model"], "env": {}},
+    "OwnRM": {"without": ["env-model"], "env": {"FORGESTREAM_SIGNALS__RM_LAM": "3.5"}},
     "+Env": {"without": [], "env": {}},
 }
+
+EXPERIMENT_ROWS = ("Shadow", "OwnRM")  # run on request (--rows), not in the Table 1 replicate
 
 
 def cli(*args: str, env: dict[str, str], log: Path) -> None:
@@ -64,7 +69,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=6.0, help="wall-clock budget of each run")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=40, help="held-out tasks per level")
-    parser.add_argument("--rows", default=",".join(r for r in ROWS if r != "Shadow"),
+    parser.add_argument("--rows", default=",".join(r for r in ROWS if r not in EXPERIMENT_ROWS),
                         help=f"comma-separated rows out of {', '.join(ROWS)}")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "learning.json")
     args = parser.parse_args()

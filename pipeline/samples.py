@@ -33,6 +33,7 @@ def build_samples(
         outcomes,
         verdicts,
         lam=config.lam,
+        rm_lam=config.rm_lam,
         rm_acc_low=config.rm_acc_low,
         rm_acc_high=config.rm_acc_high,
         policy_acc_low=config.policy_acc_low,

@@ -174,6 +174,10 @@ class JudgeConfig(Config, frozen=True, kw_only=True):
 class SignalsConfig(Config, frozen=True, kw_only=True):
     lam: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
     """λ in R = O + λ·mean S."""
+    rm_lam: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    """λ of the R that the reward model's consistency reward uses; unset: `lam` (the paper). With m = 3
+    verdicts any λ < 3 teaches the reward model the episode's outcome alone (its own verdicts never
+    outvote it); from 3 on, a 2-1 majority outvotes the outcome: the verdicts' own consensus."""
     rm_acc_low: Fraction = 0.2
     rm_acc_high: Fraction = 0.8
     """Reward-model samples only from groups whose accuracy lies in [low, high]."""

@@ -66,6 +66,26 @@ def test_group_signals_hand_computed() -> None:
     assert signals.reward_dropped_zero == 10
 
 
+def test_reward_model_lambda_lets_the_verdicts_outvote_the_outcome() -> None:
+    """rm_lam changes only the reward model's consistency reward: with m = 3 and λ = 1 a failed
+    rollout's 2-1 "good" majority is taught "bad" (the outcome); with rm_lam 3.5 the majority wins."""
+    outcomes, verdicts = [1, -1], [[[1, -1, -1]], [[1, 1, -1]]]
+    # λ = 1: r0 R = 1 - 1/3 = 2/3, raw [2/3, -2/3, -2/3]; r1 R = -1 + 1/3 = -2/3, raw [-2/3, -2/3, 2/3];
+    #   z of (a, a, b): a' = +-1/sqrt2, b' = -+sqrt2 -> the lone verdict agreeing with the outcome wins in r1
+    paper = group_signals(outcomes, verdicts)
+    assert [t.advantage for t in paper.reward] == approx([1.4142136, -0.7071068, -0.7071068,
+                                                           -0.7071068, -0.7071068, 1.4142136])  # fmt: skip
+    # rm_lam 3.5: r0 R = 1 - 3.5/3 = -1/6 (raw [-1/6, 1/6, 1/6]), r1 R = -1 + 3.5/3 = 1/6 ([1/6, 1/6, -1/6]):
+    #   the majority's verdicts win in both rollouts, whatever the outcome
+    own = group_signals(outcomes, verdicts, rm_lam=3.5)
+    assert [t.advantage for t in own.reward] == approx([-1.4142136, 0.7071068, 0.7071068,
+                                                         0.7071068, 0.7071068, -1.4142136])  # fmt: skip
+    assert [t.reward for t in own.reward] == approx([-1 / 6, 1 / 6, 1 / 6, 1 / 6, 1 / 6, -1 / 6])
+    # the policy's rewards and advantages keep λ = 1
+    assert own.step_rewards == paper.step_rewards == [[approx(2 / 3)], [approx(-2 / 3)]]
+    assert [p.advantage for p in own.policy] == [p.advantage for p in paper.policy] == approx([1.0, -1.0])
+
+
 def test_group_signals_accuracy_filter() -> None:
     # all succeed: accuracy 1 > 0.8, no reward-model samples, and (released code: 7/8) no policy samples
     signals = group_signals([1, 1], [[[1, 1]], [[1, -1]]])
