@@ -1,11 +1,11 @@
-"""The TextWorld ladder measured: per rung, game generation time, walkthrough length, the success of a
+"""A TextWorld ladder measured (cooking games, or with --domain textworld-custom the custom games): per rung, game generation time, walkthrough length, the success of a
 random valid policy (uniform over the listed commands, 40 turns) and play speed.
 
 Games are training-range tasks (envs.seeds), generated into the shared cache under FORGESTREAM_HOME
 (a second run reuses them; generation time is averaged over the games this run generated). Writes
-benchmarks/results/textworld_ladder.json and prints a markdown table (README).
+benchmarks/results/textworld_ladder.json (textworld_custom_ladder.json) and prints a markdown table (README).
 
-    python benchmarks/textworld_ladder.py [--games 6] [--plays 10]
+    python benchmarks/textworld_ladder.py [--domain textworld] [--games 6] [--plays 10]
 """
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--games", type=int, default=6, help="games per rung")
     parser.add_argument("--plays", type=int, default=10, help="random-valid episodes per game")
-    parser.add_argument("--out", type=Path, default=RESULTS / "textworld_ladder.json")
+    parser.add_argument("--domain", choices=("textworld", "textworld-custom"), default="textworld")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or RESULTS / f"{args.domain.replace('-', '_')}_ladder.json"
     sys.path.insert(0, str(ROOT))
     from envs import get_environment
     from envs.seeds import training_rng
     from envs.textworld import games
     from pipeline.evaluation import wilson
 
-    env = get_environment("textworld")
+    env = get_environment(args.domain)
     rng = random.Random(20261201)
     rows = []
     for level in range(env.levels):
@@ -64,15 +66,18 @@ def main() -> None:
                      "steps_per_s": steps / play_s if play_s else 0.0})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": "2 cores, no GPU", "games_per_rung": args.games,
+    args.out.write_text(json.dumps({"machine": "2 cores, no GPU", "domain": args.domain, "games_per_rung": args.games,
                                     "plays_per_game": args.plays, "rungs": rows}, indent=1))  # fmt: skip
     print("| level | knobs | walkthrough | random-valid success [95 % CI] | generate (s) | steps / s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         k = r["knobs"]
-        knobs = f"recipe {k['recipe']}, take {k['take']}, go {k['go']}" + "".join(
-            f", {name}" for name in ("open", "cook", "cut", "drop") if k[name]
-        )
+        if "quest_length" in k:
+            knobs = f"rooms {k['world_size']}, objects {k['nb_objects']}, quest {k['quest_length']}"
+        else:
+            knobs = f"recipe {k['recipe']}, take {k['take']}, go {k['go']}" + "".join(
+                f", {name}" for name in ("open", "cook", "cut", "drop") if k[name]
+            )
         gen = "—" if r["generate_s_mean"] is None else f"{r['generate_s_mean']:.1f}"
         print(f"| {r['level']} | {knobs} | {r['walkthrough_mean']:.1f} | {r['random_valid_success']:.2f} "
               f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {gen} | {r['steps_per_s']:.0f} |")  # fmt: skip

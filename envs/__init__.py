@@ -19,6 +19,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "arith": ("envs.arith", "ArithEnv"),
     "code": ("envs.code", "CodeEnv"),
     "textworld": ("envs.textworld", "TextWorldEnv"),
+    "textworld-custom": ("envs.textworld", "TextWorldCustomEnv"),
 }
 
 DOMAINS: tuple[str, ...] = tuple(_REGISTRY)

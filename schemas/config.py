@@ -12,6 +12,8 @@ from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta, Struct, field
 
+from schemas.events import Domain
+
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0.0, le=1e9)]
@@ -90,7 +92,7 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     detours answers in format and fails for planning reasons: held-out success 1.00 / 0.53 / 0.68 / 0.35 /
     0.23 / 0.05 at levels 0 / 2 / 3 / 4 / 6 / 8, invalid answers 0.04-0.09 at levels 2-8 (0.33 at level 0:
     index one past a one- or two-item list). 13.2 (22 steps) answered out of format 9 times in 10."""
-    bootstrap_domains: tuple[Literal["household", "arith", "code", "textworld"], ...] = ("household",)
+    bootstrap_domains: tuple[Domain, ...] = ("household",)
     """Tiny preset: domains whose oracle demonstrations (or judge prompts) the bootstrap SFT uses."""
 
 
@@ -125,7 +127,7 @@ class StoreConfig(Config, frozen=True, kw_only=True):
 
 
 class SchedulerConfig(Config, frozen=True, kw_only=True):
-    domain: Literal["household", "arith", "code", "textworld"] = "household"
+    domain: Domain = "household"
     seed_tasks: PosInt = 16
     """Tasks created at start when the task pool is empty (paper: 16)."""
     seed_difficulty: NonNegInt = 4

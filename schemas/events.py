@@ -32,7 +32,7 @@ Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Verdict = Literal[1, -1, 0]  # +1 good step, -1 bad step, 0 unparseable judgement
 Outcome = Literal[1, -1]
 Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
-Domain = Literal["household", "arith", "code", "textworld"]
+Domain = Literal["household", "arith", "code", "textworld", "textworld-custom"]
 TaskStatus = Literal["active", "pending", "retired"]
 Direction = Literal["harder", "easier"]
 ModelName = Literal["policy", "reward"]

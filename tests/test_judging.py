@@ -59,7 +59,7 @@ def test_judge_prompt_contains_parts_in_order() -> None:
 
 
 def test_registry_exports() -> None:
-    assert envs.DOMAINS == ("household", "arith", "code", "textworld")
+    assert envs.DOMAINS == ("household", "arith", "code", "textworld", "textworld-custom")
     assert envs.judge_prompt is judge_prompt and envs.parse_verdict is parse_verdict
     with pytest.raises(ValueError, match="unknown domain"):
         envs.get_environment("chess")

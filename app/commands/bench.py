@@ -20,6 +20,7 @@ BENCHMARKS = {
     "judge": "judge_throughput.py",
     "learning": "learning.py",
     "textworld": "textworld_ladder.py",
+    "textworld_custom": "textworld_ladder.py --domain textworld-custom",
     "fuzz": "fuzz.py",
     "chaos": "chaos.py",
 }

@@ -27,7 +27,9 @@ def up(
     updates: Annotated[int | None, typer.Option(min=1, help="Stop after this many policy versions.")] = None,
     domain: Annotated[
         str | None,
-        typer.Option(help="household, arith, code or textworld; also the tiny presets' bootstrap domain."),
+        typer.Option(
+            help="household, arith, code, textworld or textworld-custom; also the tiny presets' bootstrap domain."
+        ),
     ] = None,
     preset: Annotated[
         str | None, typer.Option(help="Policy model preset: tiny, smollm2-135m, hf:PATH.")

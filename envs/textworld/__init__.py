@@ -1,5 +1,5 @@
-"""TextWorld domain: Microsoft TextWorld's cooking games, generated offline by the engine itself."""
+"""TextWorld domains: Microsoft TextWorld's cooking and custom games, generated offline by the engine itself."""
 
-from envs.textworld.env import LADDER, TextWorldEnv, TextWorldEpisode
+from envs.textworld.env import CUSTOM_LADDER, LADDER, TextWorldCustomEnv, TextWorldEnv, TextWorldEpisode
 
-__all__ = ["LADDER", "TextWorldEnv", "TextWorldEpisode"]
+__all__ = ["CUSTOM_LADDER", "LADDER", "TextWorldCustomEnv", "TextWorldEnv", "TextWorldEpisode"]

@@ -1,8 +1,9 @@
-"""TextWorldEnv: Microsoft TextWorld's cooking games (the engine AlfWorld is built on) behind
-`envs.base.Environment`.
+"""Microsoft TextWorld's games (the engine AlfWorld is built on) behind `envs.base.Environment`:
+TextWorldEnv plays its cooking games (domain `textworld`), TextWorldCustomEnv its `custom` games
+(domain `textworld-custom`: rooms, objects and a quest of a given length), each on a ladder of its own.
 
-A task is data: `params` holds the engine's knobs (recipe size, ingredients to take, rooms, open /
-cook / cut / drop) and the game seed; any process rebuilds the same game from them (envs/textworld/
+A task is data: `params` holds the game's kind, the engine's knobs (cooking: recipe size, ingredients to
+take, rooms, open / cook / cut / drop; custom: world size, objects, quest length) and the game seed; any process rebuilds the same game from them (envs/textworld/
 games.py generates it once). Each turn the policy sees the objective, where it is, what it carries,
 what the game said to its last command, and the admissible commands numbered in sorted order (without
 the engine's look / inventory / examine verbs, which only repeat what the prompt shows; the cookbook
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from envs.base import Direction, StepResult
-from envs.textworld.games import COOKING_KNOBS, GameGenerationError, game_file, game_key
+from envs.textworld.games import COOKING_KNOBS, CUSTOM_KNOBS, GameGenerationError, game_file, game_key
 from schemas.events import CriticFeedback, TaskSpec
 
 BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
@@ -52,12 +53,38 @@ LADDER: tuple[dict[str, Any], ...] = tuple(
 # Not on the ladder, and never moved by a variant: `drop` (a limited inventory). The engine gives such
 # games no walkthrough (`policy_commands` is empty from the start), so they have no oracle or labels.
 
+# The custom games' ladder: (rooms, objects, quest length), no knob easier than on the rung below, ordered
+# by the measured success of a random valid policy (README; the objective spells out the quest, so a
+# random policy wins the one-step quests of rung 0 every time and the 6-step ones of rung 8 rarely).
+CUSTOM_LADDER: tuple[dict[str, Any], ...] = tuple(
+    {"world_size": w, "nb_objects": n, "quest_length": q}
+    for w, n, q in (
+        (1, 2, 1),
+        (2, 4, 1),
+        (2, 4, 2),
+        (3, 6, 2),
+        (3, 6, 3),
+        (4, 8, 3),
+        (4, 8, 4),
+        (6, 10, 5),
+        (6, 12, 6),
+    )
+)
+CUSTOM_LIMITS = {"world_size": (1, 12), "nb_objects": (1, 30), "quest_length": (1, 12)}
+
 # Verbs in the critic's failed actions -> the knob that makes that part of the game harder.
 KNOB_FOR_VERB = {
     "open": "open", "close": "open", "unlock": "open",
     "cook": "cook", "roast": "cook", "fry": "cook", "grill": "cook", "bake": "cook",
     "chop": "cut", "slice": "cut", "dice": "cut",
     "go": "go", "take": "take", "drop": "drop",
+}  # fmt: skip
+# Custom games: a wrong way is the map's fault, a wrong object the distractors', the rest the quest's.
+CUSTOM_KNOB_FOR_VERB = {
+    "go": "world_size",
+    "take": "nb_objects", "drop": "nb_objects", "eat": "nb_objects", "examine": "nb_objects",
+    "open": "quest_length", "close": "quest_length", "unlock": "quest_length", "lock": "quest_length",
+    "put": "quest_length", "insert": "quest_length",
 }  # fmt: skip
 
 
@@ -87,7 +114,8 @@ def made_progress(before: View, after: View) -> bool:
 
 
 def knobs_of(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in COOKING_KNOBS}
+    """The engine's knobs of a task's game (what names the game, with its seed)."""
+    return {k: params[k] for k in (CUSTOM_KNOBS if params.get("kind") == "custom" else COOKING_KNOBS)}
 
 
 @dataclass(frozen=True)
@@ -207,6 +235,9 @@ class TextWorldEnv:
     """TextWorld cooking games on a ladder of the engine's knobs (implements Environment)."""
 
     domain = "textworld"
+    kind = "cooking"
+    ladder = LADDER
+    knob_for_verb = KNOB_FOR_VERB
     judged_by = "verdicts"
     levels = len(LADDER)
     # Bootstrap SFT (presets) draws its tasks from a fixed pool: a new game is 5-20 s of `tw-make`, and
@@ -221,17 +252,18 @@ class TextWorldEnv:
     def _spec(self, knobs: dict[str, Any], difficulty: int, rng: random.Random, origin: str | None = None,
               **extra: Any) -> TaskSpec:  # fmt: skip
         seed = rng.getrandbits(31)
-        params = {"kind": "cooking", **knobs_of(knobs), "max_steps": self.max_steps}
+        params = {"kind": self.kind, **knobs, "max_steps": self.max_steps}
+        knobs = knobs_of(params)
         if origin is not None:
             params["origin"] = origin  # the knob a variant moved
-        return TaskSpec(task_id=f"textworld-{rng.getrandbits(64):016x}", domain="textworld",
+        return TaskSpec(task_id=f"{self.domain}-{rng.getrandbits(64):016x}", domain=self.domain,
                         difficulty=difficulty, params=params, seed=seed,
-                        signature=game_key(knobs_of(knobs), seed), **extra)  # fmt: skip
+                        signature=game_key(knobs, seed), **extra)  # fmt: skip
 
     def sample_task(self, difficulty: int, rng: random.Random) -> TaskSpec:
         if not 0 <= difficulty < self.levels:
             raise ValueError(f"difficulty {difficulty} outside 0..{self.levels - 1}")
-        return self._spec(dict(LADDER[difficulty]), difficulty, rng)
+        return self._spec(dict(self.ladder[difficulty]), difficulty, rng)
 
     def reset(self, task: TaskSpec) -> TextWorldEpisode:
         return TextWorldEpisode(task)
@@ -286,13 +318,13 @@ class TextWorldEnv:
         variants first relax the knob behind the critic's failed actions (a failed `open` -> no
         closed containers); harder ones tighten a random knob."""
         knobs = knobs_of(task.params)
-        moves = _moves(knobs, direction)
+        moves = self._moves(knobs, direction)
         if not moves:
             return None
         rng.shuffle(moves)
         if direction == "easier":
-            named = [KNOB_FOR_VERB[w] for text in critic.failed_actions for w in re.findall(r"[a-z]+", text.lower())
-                     if w in KNOB_FOR_VERB]  # fmt: skip
+            named = [self.knob_for_verb[w] for text in critic.failed_actions
+                     for w in re.findall(r"[a-z]+", text.lower()) if w in self.knob_for_verb]  # fmt: skip
             moves.sort(key=lambda m: named.index(m[0]) if m[0] in named else len(named))
         knob, moved = moves[0]
         step = 1 if direction == "harder" else -1
@@ -300,8 +332,34 @@ class TextWorldEnv:
                           status="pending", parent_id=task.task_id, direction=direction,
                           generation=task.generation + 1)  # fmt: skip
 
+    @staticmethod
+    def _moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[str, Any]]]:
+        return _cooking_moves(knobs, direction)
 
-def _moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[str, Any]]]:
+
+class TextWorldCustomEnv(TextWorldEnv):
+    """TextWorld `custom` games (rooms, objects, a quest of a given length, the objective spelling out
+    its steps) on a ladder of their own (implements Environment)."""
+
+    domain = "textworld-custom"
+    kind = "custom"
+    ladder = CUSTOM_LADDER
+    knob_for_verb = CUSTOM_KNOB_FOR_VERB
+    levels = len(CUSTOM_LADDER)
+
+    @staticmethod
+    def _moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[str, Any]]]:
+        """One more / one fewer room or quest step, two more / fewer objects, within CUSTOM_LIMITS."""
+        out = []
+        for knob, notch in (("world_size", 1), ("nb_objects", 2), ("quest_length", 1)):
+            low, high = CUSTOM_LIMITS[knob]
+            value = knobs[knob] + (notch if direction == "harder" else -notch)
+            if low <= value <= high:
+                out.append((knob, {**knobs, knob: value}))
+        return out
+
+
+def _cooking_moves(knobs: dict[str, Any], direction: Direction) -> list[tuple[str, dict[str, Any]]]:
     """(knob, knobs with that knob one notch harder / easier), for every knob that can move."""
     out = []
     up = direction == "harder"

@@ -25,6 +25,7 @@ from typing import Any
 
 GENERATE_TIMEOUT_S = 300.0
 COOKING_KNOBS = ("recipe", "take", "go", "open", "cook", "cut", "drop")
+CUSTOM_KNOBS = ("world_size", "nb_objects", "quest_length")
 generated = 0  # games this process generated (the rest came from the cache)
 
 
@@ -49,13 +50,20 @@ def game_key(knobs: dict[str, Any], seed: int) -> str:
 
 
 def tw_make_command(knobs: dict[str, Any], seed: int, output: Path) -> list[str]:
-    """The `tw-make tw-cooking ...` command line for these knobs (booleans become flags)."""
+    """The `tw-make` command line for these knobs: `tw-cooking` (booleans become flags), or `custom`
+    when the knobs are CUSTOM_KNOBS (rooms, objects, quest length)."""
     tw_make = Path(sys.executable).parent / "tw-make"
-    cmd = [str(tw_make if tw_make.exists() else "tw-make"), "tw-cooking"]
-    for knob in ("recipe", "take", "go"):
-        cmd += [f"--{knob}", str(int(knobs[knob]))]
-    cmd += [f"--{knob}" for knob in ("open", "cook", "cut", "drop") if knobs.get(knob)]
-    cmd += ["--recipe-seed", str(seed), "--seed", str(seed), "--output", str(output), "--silent", "-f"]
+    cmd = [str(tw_make if tw_make.exists() else "tw-make")]
+    if set(knobs) == set(CUSTOM_KNOBS):
+        cmd += ["custom", *(arg for knob in CUSTOM_KNOBS for arg in (f"--{knob.replace('_', '-')}",
+                                                                      str(int(knobs[knob]))))]  # fmt: skip
+    else:
+        cmd.append("tw-cooking")
+        for knob in ("recipe", "take", "go"):
+            cmd += [f"--{knob}", str(int(knobs[knob]))]
+        cmd += [f"--{knob}" for knob in ("open", "cook", "cut", "drop") if knobs.get(knob)]
+        cmd += ["--recipe-seed", str(seed)]
+    cmd += ["--seed", str(seed), "--output", str(output), "--silent", "-f"]
     return cmd
 
 
