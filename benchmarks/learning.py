@@ -8,8 +8,8 @@ Rows (household, `tiny` preset, the same wall-clock budget per run):
            off): the reward learner's share of the CPU without its effect on the rewards, i.e. Policy at
            +Reward's compute;
 - +Reward  the reward model co-trained;
-- OwnRM    (not in the default rows) as +Reward, with the reward model's consistency reward at λ = 3.5
-           (signals.rm_lam): its verdicts' 2-1 majority outvotes the outcome, the policy keeps λ = 1;
+- PaperRM  (not in the default rows) as +Reward, with the paper's one λ for the reward model's consistency
+           reward too (signals.rm_lam 1; the default 3.5 lets its verdicts' 2-1 majority outvote the outcome);
 - +Env     the full loop (env model proposes variants, forge accepts them).
 Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
 newest policy on held-out tasks of the training band (scheduler.seed_difficulty) and of a band two
@@ -37,11 +37,11 @@ ROWS: dict[str, dict] = {
     "Policy": {"without": ["reward-learner", "env-model"], "env": {}},
     "Shadow": {"without": ["env-model"], "env": {"FORGESTREAM_JUDGE__FOLLOW_WEIGHTS": "false"}},
     "+Reward": {"without": ["env-model"], "env": {}},
-    "OwnRM": {"without": ["env-model"], "env": {"FORGESTREAM_SIGNALS__RM_LAM": "3.5"}},
+    "PaperRM": {"without": ["env-model"], "env": {"FORGESTREAM_SIGNALS__RM_LAM": "1"}},
     "+Env": {"without": [], "env": {}},
 }
 
-EXPERIMENT_ROWS = ("Shadow", "OwnRM")  # run on request (--rows), not in the Table 1 replicate
+EXPERIMENT_ROWS = ("Shadow", "PaperRM")  # run on request (--rows), not in the Table 1 replicate
 
 
 def cli(*args: str, env: dict[str, str], log: Path) -> None:

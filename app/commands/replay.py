@@ -35,6 +35,12 @@ def replay(
     lam: Annotated[
         float | None, typer.Option(min=0.0, help="λ for R = O + λ·mean S (default: config).")
     ] = None,
+    rm_lam: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, help="λ of the reward model's consistency reward (default: config's signals.rm_lam)."
+        ),
+    ] = None,
     start_from: Annotated[
         str, typer.Option("--from", help="preset, latest, vN, or an HF model folder.")
     ] = "preset",
@@ -55,7 +61,7 @@ def replay(
     from app.run_folder import kafka_for
     from infra.broker import BrokerError
 
-    flags = {"kafka.topic_prefix": topic_prefix, "signals.lam": lam}
+    flags = {"kafka.topic_prefix": topic_prefix, "signals.lam": lam, "signals.rm_lam": rm_lam}
     if workdir is not None:
         flags["workdir"] = str(workdir)
     cfg = build_config(config, flags)
