@@ -92,21 +92,29 @@ def test_broker_dies_with_its_parent() -> None:
         parent.kill()
 
 
+def start_supervised(child: str) -> tuple[subprocess.Popen, int]:
+    """A stand-in for `up`: a process that starts `child` (Python code) with FORGESTREAM_SUPERVISOR set
+    to its own pid, its output on the supervisor's stderr; returns the supervisor and the child's pid
+    once the child printed 'ready'."""
+    supervisor = (
+        "import os, subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=sys.stderr, "
+        "env=os.environ | {'FORGESTREAM_SUPERVISOR': str(os.getpid())}); print(c.pid, flush=True); input()"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", supervisor, child], cwd=ROOT, stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    role_pid = int(parent.stdout.readline())
+    assert parent.stderr.readline() == "ready\n"
+    return parent, role_pid
+
+
 def test_a_role_started_by_up_stops_when_up_is_killed() -> None:
     """`up` hands its pid to each role (FORGESTREAM_SUPERVISOR); the role asks for SIGTERM when its
     parent dies, so a kill -9 of `up` drains the roles instead of orphaning them."""
-    child = (
+    parent, role_pid = start_supervised(
         "import signal, time; from infra.broker import die_with_parent; die_with_parent(signal.SIGTERM); "
         "print('ready', flush=True); time.sleep(120)"
     )
-    supervisor = (
-        "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, "
-        "text=True); assert c.stdout.readline() == 'ready\\n'; print(c.pid, flush=True); input()"
-    )
-    parent = subprocess.Popen([sys.executable, "-c", supervisor, child], cwd=ROOT, stdout=subprocess.PIPE,
-                              stdin=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        role_pid = int(parent.stdout.readline())
         assert not gone(role_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(5)
@@ -124,21 +132,13 @@ def test_a_role_whose_up_died_exits_after_the_grace_even_if_its_drain_hangs(tmp_
     broker, with nobody left to SIGKILL them after the grace. A role exits by itself then, whatever its
     drain waits on (here: a SIGTERM handler that never returns), and says why."""
     log_path = tmp_path / "role.log"
-    child = (
+    parent, role_pid = start_supervised(
         "import logging, signal, sys, time; from app.cli import stop_with_supervisor\n"
         f"logging.basicConfig(filename={str(log_path)!r})\n"
         "signal.signal(signal.SIGTERM, lambda *_: print('draining', flush=True) or time.sleep(3600))\n"
         "stop_with_supervisor('judge', grace_s=2.0); print('ready', flush=True); time.sleep(3600)"
     )
-    supervisor = (
-        "import os, subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=sys.stderr, "
-        "env=os.environ | {'FORGESTREAM_SUPERVISOR': str(os.getpid())}); print(c.pid, flush=True); input()"
-    )
-    parent = subprocess.Popen([sys.executable, "-c", supervisor, child], cwd=ROOT, stdout=subprocess.PIPE,
-                              stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        role_pid = int(parent.stdout.readline())
-        assert parent.stderr.readline() == "ready\n"
         parent.send_signal(signal.SIGKILL)
         parent.wait(5)
         assert parent.stderr.readline() == "draining\n"  # SIGTERM came, and the drain hangs
