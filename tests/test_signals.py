@@ -88,10 +88,12 @@ A_POLICY = {
 A_REWARD = {"A/0/1/0": (1.0, 1.0), "A/0/1/1": (-1.0, -1.0), "A/2/0/0": (1.5, 1.0), "A/2/0/1": (-2.0, -1.0)}
 # Group B (n=2, both succeed): R = [2], [1] -> advantages +1, -1; accuracy 1.0 -> no reward samples.
 B_POLICY = {"B/0/0": (2.0, 1.0), "B/1/0": (1.0, -1.0)}
-# The numbers above leave each sample's advantage as it is (episode weighting off).
-UNWEIGHTED = SignalsConfig(episode_weighting=False)
+# The numbers above leave each sample's advantage as it is (episode weighting off) and use the paper's one λ
+# for the reward model too (rm_lam = lam = 1; the default 3.5 is checked in test_default_weighs_...).
+UNWEIGHTED = SignalsConfig(episode_weighting=False, rm_lam=1.0)
 # The role tests open the policy group filter (default: accuracy in [1/8, 7/8]) so that B trains.
-OPEN = SignalsConfig(group_timeout_s=60.0, policy_acc_low=0.0, policy_acc_high=1.0, episode_weighting=False)
+OPEN = SignalsConfig(group_timeout_s=60.0, policy_acc_low=0.0, policy_acc_high=1.0, episode_weighting=False,
+                     rm_lam=1.0)  # fmt: skip
 
 
 def group_a() -> list[JudgedTrajectory]:
@@ -133,7 +135,9 @@ def test_build_samples_matches_hand_computed_numbers() -> None:
 
 def test_default_weighs_every_episode_the_same() -> None:
     """Episode weighting (the default): a rollout's advantages times 6 steps / (3 rollouts * its length),
-    so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards and the reward samples unchanged."""
+    so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards unchanged. The reward model's R uses
+    rm_lam 3.5 (the default): the same samples survive, (2,0)'s raw reward is R = -1 + 3.5 * (-0.5) = -2.75
+    times S = -1 -> 2.75 (raw [2.75, -2] -> [+1, -1]); the unanimous steps still give no sample."""
     group = signals.Group("A", 3, TASK, opened_at=0.0)
     group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
     policy, reward, _ = build_samples(group.request_id, group.ordered(), SignalsConfig())
@@ -144,7 +148,9 @@ def test_default_weighs_every_episode_the_same() -> None:
         "A/0/1": (1.0, 0.666667),
         "A/1/1": (-2.0, -1.0),
     }
-    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD | {
+        "A/2/0/0": (2.75, 1.0)
+    }
 
 
 def test_default_filter_trains_no_policy_step_on_an_all_success_group() -> None:
