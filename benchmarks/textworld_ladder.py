@@ -1,9 +1,12 @@
-"""A TextWorld ladder measured (cooking games, or with --domain textworld-custom the custom games): per rung, game generation time, walkthrough length, the success of a
-random valid policy (uniform over the listed commands, 40 turns) and play speed.
+"""A TextWorld ladder measured: the cooking games', or with --domain textworld-custom the custom games'.
+
+Per rung: game generation time, walkthrough length, the success of a random valid policy (uniform over
+the listed commands, 40 turns) and play speed.
 
 Games are training-range tasks (envs.seeds), generated into the shared cache under FORGESTREAM_HOME
 (a second run reuses them; generation time is averaged over the games this run generated). Writes
-benchmarks/results/textworld_ladder.json (textworld_custom_ladder.json) and prints a markdown table (README).
+benchmarks/results/textworld_ladder.json (textworld_custom_ladder.json) and prints a markdown table
+(README).
 
     python benchmarks/textworld_ladder.py [--domain textworld] [--games 6] [--plays 10]
 """
@@ -66,8 +69,9 @@ def main() -> None:
                      "steps_per_s": steps / play_s if play_s else 0.0})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": "2 cores, no GPU", "domain": args.domain, "games_per_rung": args.games,
-                                    "plays_per_game": args.plays, "rungs": rows}, indent=1))  # fmt: skip
+    result = {"machine": "2 cores, no GPU", "domain": args.domain, "games_per_rung": args.games,
+              "plays_per_game": args.plays, "rungs": rows}  # fmt: skip
+    args.out.write_text(json.dumps(result, indent=1))
     print("| level | knobs | walkthrough | random-valid success [95 % CI] | generate (s) | steps / s |")
     print("|---|---|---|---|---|---|")
     for r in rows:

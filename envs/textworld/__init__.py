@@ -1,4 +1,4 @@
-"""TextWorld domains: Microsoft TextWorld's cooking and custom games, generated offline by the engine itself."""
+"""TextWorld domains: Microsoft TextWorld's cooking and custom games, generated offline by the engine."""
 
 from envs.textworld.env import CUSTOM_LADDER, LADDER, TextWorldCustomEnv, TextWorldEnv, TextWorldEpisode
 

@@ -3,12 +3,13 @@ TextWorldEnv plays its cooking games (domain `textworld`), TextWorldCustomEnv it
 (domain `textworld-custom`: rooms, objects and a quest of a given length), each on a ladder of its own.
 
 A task is data: `params` holds the game's kind, the engine's knobs (cooking: recipe size, ingredients to
-take, rooms, open / cook / cut / drop; custom: world size, objects, quest length) and the game seed; any process rebuilds the same game from them (envs/textworld/
-games.py generates it once). Each turn the policy sees the objective, where it is, what it carries,
-what the game said to its last command, and the admissible commands numbered in sorted order (without
-the engine's look / inventory / examine verbs, which only repeat what the prompt shows; the cookbook
-stays); it answers `\\boxed{index}` as in household, so the same presets serve. Outcome +1 iff the
-game is won within `max_steps` turns; lost or out of turns is -1.
+take, rooms, open / cook / cut / drop; custom: world size, objects, quest length) and the game seed; any
+process rebuilds the same game from them (envs/textworld/games.py generates it once). Each turn the
+policy sees the objective, where it is, what it carries, what the game said to its last command, and
+the admissible commands numbered in sorted order (without the engine's look / inventory / examine
+verbs, which only repeat what the prompt shows; the cookbook stays); it answers `\\boxed{index}` as in
+household, so the same presets serve. Outcome +1 iff the game is won within `max_steps` turns; lost or
+out of turns is -1.
 
 The engine's own walkthrough from the current state (`policy_commands`) is the oracle, the expert of
 bootstrap SFT, and the step label: a step is progress when the walkthrough from the new state is
