@@ -56,6 +56,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "app.commands.replay",
     "app.commands.report",
     "app.commands.bench",
+    "app.commands.dlq",
 )
 
 log = logging.getLogger("forgestream.cli")

@@ -1,4 +1,5 @@
-"""`forgestream status`: topics, message counts, consumer groups, members, lag, dead letters.
+"""`forgestream status`: topics, message counts, consumer groups, members, lag, dead letters (and how
+many `forgestream dlq redrive` sent back).
 
 A partition's message count is `end - beginning` and a group's lag is `end - committed`, with `end`
 from `infra.bus.true_end_offsets` (right on Tansu and Kafka). Committed offsets are asked for with explicit partitions (Tansu ignores the "all partitions" form).
@@ -13,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from infra.bus import consumer_options, true_end_offsets
 from infra.topics import admin_client
 from schemas.config import KafkaConfig
-from schemas.topics import DLQ, TopicNames
+from schemas.topics import DLQ, REDRIVEN, TopicNames
 
 
 def _members(group: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,13 +98,14 @@ async def collect_status(kafka: KafkaConfig) -> dict[str, Any]:
                 | await _describe(admin, gid)
                 | {"lag": lag, "total_lag": sum(lag.values())}
             )
-        dlq = names.of(DLQ)
+        count = {r["topic"]: r["messages"] for r in topic_rows}
         return {
             "bootstrap": kafka.bootstrap,
             "topic_prefix": kafka.topic_prefix,
             "topics": topic_rows,
             "groups": group_rows,
-            "dead_letters": next((r["messages"] for r in topic_rows if r["topic"] == dlq), 0),
+            "dead_letters": count.get(names.of(DLQ), 0),
+            "redriven": count.get(names.of(REDRIVEN), 0),  # `forgestream dlq redrive`'s journal
         }
     finally:
         await consumer.stop()
@@ -126,7 +128,8 @@ def render(status: dict[str, Any]) -> Any:
     for g in status["groups"]:
         detail = ", ".join(f"{t}: {n}" for t, n in sorted(g["lag"].items()))
         groups.add_row(g["group"], g["state"], str(len(g["members"])), f"{g['total_lag']} ({detail})")
-    return Group(topics, groups, f"dead letters: {status['dead_letters']}")
+    redriven = f" ({status['redriven']} redriven)" if status.get("redriven") else ""
+    return Group(topics, groups, f"dead letters: {status['dead_letters']}{redriven}")
 
 
 def render_figures(figures: dict[str, Any]) -> Any:

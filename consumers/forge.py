@@ -37,7 +37,7 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 
 import algorithm
-from infra.bus import Bus
+from infra.bus import Bus, redriven_for
 from pipeline.taskpool import TaskPool
 from schemas import codec
 from schemas.config import ForgeConfig, KafkaConfig, RunConfig
@@ -211,11 +211,14 @@ class Forge:
 
     async def _task_key(self, raw: bytes) -> str:
         """The repartition key. It runs on the source stream, where the record still has its partition
-        and offset: an undecodable record goes to the DLQ with them here, and on under the key ""."""
+        and offset: an undecodable record goes to the DLQ with them here, and on under the key "", as
+        does a record redriven for another group (the forge had counted the original)."""
+        event = current_event()
+        if event is not None and redriven_for(event.message.headers) not in (None, self.app.conf.id):
+            return ""
         try:
             return codec.decode(raw, JudgedTrajectory).trajectory.task.task_id
         except (*codec.DecodeError, TypeError) as e:  # TypeError: a null value
-            event = current_event()
             message = event.message if event is not None else None
             letter = DeadLetter(
                 source_topic=message.topic if message is not None else self.bus.names.of(JUDGED),
@@ -232,7 +235,7 @@ class Forge:
     async def _agent(self, stream: Any) -> None:
         by_task = stream.group_by(self._task_key, name="by-task", partitions=self.settings.partitions)
         async for key, raw in by_task.items():
-            if key:  # "": dead-lettered above
+            if key:  # "": dead-lettered, or redriven for another group, above
                 await self.observe(codec.decode(raw, JudgedTrajectory))
 
     async def observe(self, judged: JudgedTrajectory) -> None:

@@ -265,6 +265,18 @@ class DeadLetter(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
+# --- forge.dlq.redriven (key "partition@offset" of the letter): `forgestream dlq redrive` -> itself ---
+class Redriven(Event, frozen=True, kw_only=True):
+    """A dead letter whose record was sent again to its source topic (at `to_offset`), for `group`."""
+
+    dlq_partition: Index
+    dlq_offset: Index
+    source_topic: str
+    to_offset: Index
+    group: str = ""
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
 def finite(x: float) -> float:
     """Fail loudly before a NaN reaches the wire (producers call this on computed rewards)."""
     if not math.isfinite(x):

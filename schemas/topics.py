@@ -40,6 +40,13 @@ TASK_EVENTS = Topic("forge.task.events", ev.TaskEvent)
 WEIGHTS = Topic("forge.weights", ev.WeightsPublished)
 METRICS = Topic("forge.metrics", ev.Metric)
 DLQ = Topic("forge.dlq", ev.DeadLetter)
+REDRIVEN = Topic("forge.dlq.redriven", ev.Redriven)
+
+# A redriven record carries the dead letter it came from ("partition@offset") and, when one consumer
+# group dead-lettered it, that group's id: other groups and group-less readers skip it (they had
+# handled, or seen, the original).
+REDRIVE_HEADER = "forgestream-redrive"
+REDRIVE_GROUP_HEADER = "forgestream-redrive-group"
 
 _WEEK_MS = 7 * 24 * 3600 * 1000
 _LONG_MS = -1  # keep forever: the replay source
@@ -81,6 +88,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(WEIGHTS, "model", 1, _COMPACT),
         TopicSpec(METRICS, "role", 4, _delete()),
         TopicSpec(DLQ, "source topic", 1, _delete(_LONG_MS)),
+        TopicSpec(REDRIVEN, "the letter's partition@offset", 1, _delete(_LONG_MS)),
     ]
 }
 

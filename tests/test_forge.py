@@ -157,6 +157,10 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
 
             # --- half a window of q, then a restart ---
             await send_all(bus, group(other, "r3", 1)[:3])
+            # a success redriven for another group is not the forge's: counted, it would make 2/8
+            copy = group(other, "r9", 8)[0]
+            headers = {topics.REDRIVE_GROUP_HEADER: b"signals"}
+            await bus.send(topics.JUDGED, copy, key=copy.trajectory.request_id, headers=headers)
             deadline = time.monotonic() + 30
             while len((app.table.get("q") or forge.empty_window())["rollouts"]) < 3:
                 assert time.monotonic() < deadline, "forge never saw q's rollouts"

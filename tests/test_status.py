@@ -61,7 +61,7 @@ async def test_status_counts_lag_and_dead_letters(kafka_config: KafkaConfig) -> 
     assert counts[T.METRICS] == 51 and counts[T.TASK_EVENTS] == 0 and counts[T.DLQ] == 1
     (group,) = status["groups"]
     assert group["group"] == "readers" and group["total_lag"] == 51 - 21
-    assert status["dead_letters"] == 1
+    assert status["dead_letters"] == 1 and status["redriven"] == 0
     render(status)  # renders without error
 
     async with Bus(kafka_config, role="test") as bus:

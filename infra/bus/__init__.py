@@ -19,6 +19,8 @@ Invariants:
   OSError such as a failed read or spawn, MemoryError) is retried with backoff, its offset
   uncommitted; if it has not cleared after `KafkaConfig.transient_retry_s` the consumer stops with a
   FatalError (the role restarts and the record is redelivered); never dead-lettered;
+- a record redriven from the DLQ (`Bus.redrive`, `forgestream dlq redrive`) for one group is
+  skipped by the others and by group-less readers: they had handled, or seen, the original;
 - redelivered records whose idempotency key this process already handled are skipped (LRU window of
   `KafkaConfig.dedup_window` keys); effects that must survive restarts are deduplicated downstream;
 - shutdown (the event, e.g. set by SIGTERM): stop fetching, finish the in-flight record, commit,
@@ -30,7 +32,7 @@ Invariants:
 from infra.bus.batch import BatchConsumer
 from infra.bus.client import client_options, consumer_options, install_signal_handlers, stop_consumer
 from infra.bus.offsets import true_end_offsets
-from infra.bus.records import TRANSIENT, FatalError, RecentKeys, Record, TransientError
+from infra.bus.records import TRANSIENT, FatalError, RecentKeys, Record, TransientError, redriven_for
 from infra.bus.runtime import Bus
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "client_options",
     "consumer_options",
     "install_signal_handlers",
+    "redriven_for",
     "stop_consumer",
     "true_end_offsets",
 ]

@@ -15,7 +15,7 @@ from aiokafka.structs import ConsumerRecord
 
 from infra.bus.client import consumer_options, fetch_or_shutdown
 from infra.bus.offsets import assign_all, true_end_offsets
-from infra.bus.records import E, Record
+from infra.bus.records import E, Record, redriven_for
 from schemas import codec
 from schemas.config import KafkaConfig
 from schemas.topics import TOPICS, Topic, TopicNames
@@ -48,7 +48,10 @@ class TopicReaders:
         return records
 
     def _decode_or_skip(self, raw: ConsumerRecord) -> Record[Any] | None:
-        """Group-less readers log and skip undecodable records (group consumers dead-letter them)."""
+        """Group-less readers log and skip undecodable records (group consumers dead-letter them), and
+        skip a record redriven for one group: they had seen the original."""
+        if redriven_for(raw.headers) is not None:
+            return None
         try:
             return self.decode(raw)
         except (*codec.DecodeError, UnicodeDecodeError) as e:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import msgspec
+
+from schemas.topics import REDRIVE_GROUP_HEADER
 
 E = TypeVar("E", bound=msgspec.Struct)
 
@@ -21,6 +24,16 @@ class TransientError(Exception):
 
 
 TRANSIENT: tuple[type[BaseException], ...] = (TransientError, OSError, MemoryError)
+
+
+def redriven_for(headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None) -> str | None:
+    """The consumer group a redriven record (its headers) is meant for; None when it is not one or is
+    meant for every group."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for name, value in pairs:
+        if name == REDRIVE_GROUP_HEADER:
+            return bytes(value).decode(errors="replace")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,20 @@ from aiokafka.structs import ConsumerRecord
 from infra.bus.client import client_options, consumer_options, fetch_or_shutdown, stop_consumer
 from infra.bus.offsets import PendingOffsets
 from infra.bus.readers import TopicReaders
-from infra.bus.records import TRANSIENT, E, FatalError, RecentKeys, Record
+from infra.bus.records import TRANSIENT, E, FatalError, RecentKeys, Record, redriven_for
 from schemas import codec
 from schemas.config import KafkaConfig
-from schemas.events import DeadLetter, Metric, finite
-from schemas.topics import DLQ, METRICS, TOPICS, Topic, TopicNames
+from schemas.events import DeadLetter, Metric, Redriven, finite
+from schemas.topics import (
+    DLQ,
+    METRICS,
+    REDRIVE_GROUP_HEADER,
+    REDRIVE_HEADER,
+    REDRIVEN,
+    TOPICS,
+    Topic,
+    TopicNames,
+)
 
 log = logging.getLogger("forgestream.bus")
 _DLQ_HEADROOM = 64 << 10  # bytes kept free in a dead letter for its metadata
@@ -35,7 +44,9 @@ class Bus(TopicReaders):
         self.kafka = kafka
         self.role = role
         self.names = TopicNames(kafka.topic_prefix)
-        self.stats = {"sent": 0, "handled": 0, "duplicates": 0, "dead_letters": 0, "retries": 0}
+        self.stats = dict.fromkeys(
+            ("sent", "handled", "duplicates", "dead_letters", "retries", "not_ours"), 0
+        )
         self._producer: AIOKafkaProducer | None = None
 
     # --- lifecycle ---
@@ -155,6 +166,32 @@ class Bus(TopicReaders):
         )
         await self.send(DLQ, letter, key=raw.topic)
 
+    async def redrive(self, letter: Record[DeadLetter]) -> Redriven:
+        """Send a dead letter's record back to its source topic and partition, unchanged, for the group
+        that dead-lettered it (other groups and readers skip it), then journal it on forge.dlq.redriven.
+
+        The copy is acked before the journal entry is sent: a crash between the two redrives it again
+        next time (at-least-once; the group's idempotency keys absorb the copy)."""
+        dead = letter.value
+        self.names.logical(dead.source_topic)  # KeyError: not a topic of this run
+        coordinates = f"{letter.partition}@{letter.offset}"
+        headers = [(REDRIVE_HEADER, coordinates.encode())]
+        if dead.group:
+            headers.append((REDRIVE_GROUP_HEADER, dead.group.encode()))
+        ack = await self.producer.send(
+            dead.source_topic, value=dead.value, key=dead.key, partition=dead.partition, headers=headers
+        )
+        landed = await ack
+        journal = Redriven(
+            dlq_partition=letter.partition,
+            dlq_offset=letter.offset,
+            source_topic=dead.source_topic,
+            to_offset=landed.offset,
+            group=dead.group,
+        )
+        await self.send(REDRIVEN, journal, key=coordinates)
+        return journal
+
     # --- decoding ---
     def decode(self, raw: ConsumerRecord) -> Record[Any]:
         """Raw aiokafka record -> typed Record; raises codec.DecodeError / UnicodeDecodeError."""
@@ -224,6 +261,9 @@ class Bus(TopicReaders):
     ) -> bool:
         """Handle one raw record; False only when shutdown came while a transient fault was retried
         (the record is then neither handled nor dead-lettered and must stay uncommitted)."""
+        if redriven_for(raw.headers) not in (None, group):
+            self.stats["not_ours"] += 1  # redriven for the group that dead-lettered it
+            return True
         try:
             record = self.decode(raw)
         except (*codec.DecodeError, UnicodeDecodeError) as e:
