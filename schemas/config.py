@@ -67,8 +67,12 @@ class KafkaConfig(Config, frozen=True, kw_only=True):
     dlq_enabled: bool = True
     transient_retry_s: Annotated[float, Meta(ge=0.0, le=240.0)] = 120.0
     """A handler's transient faults on one record (OSError, MemoryError, TransientError) are retried
-    with backoff this long, then the role stops and restarts (the record is redelivered, never
-    dead-lettered). Below aiokafka's 300 s max poll interval, so retrying never costs the group."""
+    with backoff this long, then the role stops and restarts (the record is redelivered). Below
+    aiokafka's 300 s max poll interval, so retrying never costs the group."""
+    transient_strikes: Annotated[int, Meta(ge=0, le=1000)] = 3
+    """A record whose transient fault outlasted this many rounds of `transient_retry_s` (restarts
+    between them; counted on `forge.strikes`, so across restarts and hosts) goes to the DLQ, where
+    `forgestream dlq redrive` sends it back once the fault is fixed. 0: never, restart forever."""
     commit_interval_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 0.5
     """Handled offsets are committed at most this often (and always at shutdown / revocation)."""
 

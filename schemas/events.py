@@ -265,6 +265,18 @@ class DeadLetter(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
+# --- forge.strikes (key group/topic/partition/offset): bus runtime -> bus runtime ---
+class Strike(Event, frozen=True, kw_only=True):
+    """A record's transient fault outlasted a round of retries and its consumer stopped (one strike)."""
+
+    source_topic: str
+    partition: Index
+    offset: Index
+    group: str
+    error: str
+    created_at: Timestamp = msgspec.field(default_factory=now)
+
+
 # --- forge.dlq.redriven (key "partition@offset" of the letter): `forgestream dlq redrive` -> itself ---
 class Redriven(Event, frozen=True, kw_only=True):
     """A dead letter whose record was sent again to its source topic (at `to_offset`), for `group`."""

@@ -41,6 +41,7 @@ WEIGHTS = Topic("forge.weights", ev.WeightsPublished)
 METRICS = Topic("forge.metrics", ev.Metric)
 DLQ = Topic("forge.dlq", ev.DeadLetter)
 REDRIVEN = Topic("forge.dlq.redriven", ev.Redriven)
+STRIKES = Topic("forge.strikes", ev.Strike)
 
 # A redriven record carries the dead letter it came from ("partition@offset") and, when one consumer
 # group dead-lettered it, that group's id: other groups and group-less readers skip it (they had
@@ -89,6 +90,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(METRICS, "role", 4, _delete()),
         TopicSpec(DLQ, "source topic", 1, _delete(_LONG_MS)),
         TopicSpec(REDRIVEN, "the letter's partition@offset", 1, _delete(_LONG_MS)),
+        TopicSpec(STRIKES, "group/topic/partition/offset", 1, _delete()),
     ]
 }
 

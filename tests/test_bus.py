@@ -38,13 +38,22 @@ def metric(i: int, name: str = "m") -> ev.Metric:
 
 
 async def consume_until(
-    bus: Bus, topics: list[str], group: str, count: int, timeout_s: float = 20.0, **kw: Any
+    bus: Bus,
+    topics: list[str],
+    group: str,
+    count: int,
+    timeout_s: float = 20.0,
+    handler_fault: Any = None,
+    **kw: Any,
 ):
-    """Consume with a group until `count` records were handled; returns them."""
+    """Consume with a group until `count` records were handled (`handler_fault(record)` runs first
+    and may raise); returns them."""
     got: list[Record[Any]] = []
     done = anyio.Event()
 
     async def handler(record: Record[Any]) -> None:
+        if handler_fault is not None:
+            await handler_fault(record)
         got.append(record)
         if len(got) >= count:
             done.set()
@@ -204,6 +213,39 @@ async def test_a_transient_fault_that_never_clears_stops_the_consumer_uncommitte
         assert bus.stats["retries"] >= 1 and bus.stats["dead_letters"] == 0
         again = await consume_until(bus, [T.METRICS], "g-transient-stuck", 1)  # not committed: redelivered
         assert again[0].offset == 0
+
+
+async def test_a_record_whose_transient_fault_outlasts_its_strikes_is_dead_lettered(
+    kafka_config: KafkaConfig,
+) -> None:
+    """Strikes live on forge.strikes, so they count across restarts (each consume below is one): the
+    second round dead-letters the record and the consumer goes on to the next one."""
+    kafka = msgspec.structs.replace(kafka_config, transient_retry_s=0.6, transient_strikes=2)
+    async with Bus(kafka, role="test") as bus:
+        await bus.send_many(T.METRICS, [("k", metric(0)), ("k", metric(1))])
+
+        async def handler(record: Record[Any]) -> None:
+            if record.offset == 0:
+                raise OSError("weight store unreachable")
+
+        with pytest.raises(FatalError, match="strike 1 of 2"), anyio.fail_after(20):
+            await bus.consume([T.METRICS], group="g-strikes", handler=handler)
+        assert bus.stats["dead_letters"] == 0
+    async with Bus(kafka, role="test") as bus:  # the restarted role
+        (later,) = await consume_until(bus, [T.METRICS], "g-strikes", 1, handler_fault=handler)
+        assert later.offset == 1
+        (letter,) = [r.value for r in await bus.read_topic(T.DLQ)]
+        assert (letter.offset, letter.group) == (0, "g-strikes")
+        assert (
+            letter.error
+            == "transient fault not cleared in 2 rounds of 0.6 s (OSError: weight store unreachable)"
+        )
+        (strike,) = [r.value for r in await bus.read_topic(T.STRIKES)]
+        assert (strike.offset, strike.group, strike.error) == (
+            0,
+            "g-strikes",
+            "OSError: weight store unreachable",
+        )
 
 
 async def test_duplicates_are_skipped_by_idempotency_key(kafka_config: KafkaConfig) -> None:

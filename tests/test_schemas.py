@@ -121,6 +121,9 @@ def samples() -> dict[type[msgspec.Struct], msgspec.Struct]:
             value=b"\xff\x00",
             error="decode",
         ),
+        ev.Strike: ev.Strike(
+            source_topic="forge.trajectories", partition=1, offset=5, group="judges", error="OSError: gone"
+        ),
         ev.Redriven: ev.Redriven(
             dlq_partition=0, dlq_offset=4, source_topic="forge.trajectories", to_offset=90, group="judge"
         ),

@@ -6,7 +6,8 @@ Record, errors, a bounded key set), `offsets` (true end offsets on Tansu and Kaf
 without a group), `batch` (the learners' batch consumer).
 
 Consumes: any forgestream topic (logical names from `schemas.topics`). Produces: the caller's
-events, `forge.metrics` (`Bus.metric`) and `forge.dlq` (dead letters).
+events, `forge.metrics` (`Bus.metric`), `forge.dlq` (dead letters), `forge.strikes` and
+`forge.dlq.redriven` (`Bus.redrive`).
 
 Invariants:
 - at-least-once: an offset is committed only after the handler for that record returned (and the
@@ -17,8 +18,9 @@ Invariants:
   `aiokafka.errors.KafkaError` (broker gone: restart and redeliver) and cancellation;
 - a transient fault is not the record's fault: a handler raising `TRANSIENT` (`TransientError`, an
   OSError such as a failed read or spawn, MemoryError) is retried with backoff, its offset
-  uncommitted; if it has not cleared after `KafkaConfig.transient_retry_s` the consumer stops with a
-  FatalError (the role restarts and the record is redelivered); never dead-lettered;
+  uncommitted; if it has not cleared after `KafkaConfig.transient_retry_s` the consumer journals a
+  strike on forge.strikes and stops with a FatalError (the role restarts and the record is
+  redelivered); at `KafkaConfig.transient_strikes` strikes it is dead-lettered instead;
 - a record redriven from the DLQ (`Bus.redrive`, `forgestream dlq redrive`) for one group is
   skipped by the others and by group-less readers: they had handled, or seen, the original;
 - redelivered records whose idempotency key this process already handled are skipped (LRU window of

@@ -20,13 +20,14 @@ from infra.bus.readers import TopicReaders
 from infra.bus.records import TRANSIENT, E, FatalError, RecentKeys, Record, redriven_for
 from schemas import codec
 from schemas.config import KafkaConfig
-from schemas.events import DeadLetter, Metric, Redriven, finite
+from schemas.events import DeadLetter, Metric, Redriven, Strike, finite
 from schemas.topics import (
     DLQ,
     METRICS,
     REDRIVE_GROUP_HEADER,
     REDRIVE_HEADER,
     REDRIVEN,
+    STRIKES,
     TOPICS,
     Topic,
     TopicNames,
@@ -192,6 +193,37 @@ class Bus(TopicReaders):
         await self.send(REDRIVEN, journal, key=coordinates)
         return journal
 
+    async def _strike(self, raw: ConsumerRecord, group: str, fault: BaseException) -> bool:
+        """A transient fault outlasted `transient_retry_s`: the record's next strike. Below the limit it
+        is journaled and the consumer stops (FatalError: the role restarts and gets the record again);
+        at the limit the record is dead-lettered and the consumer goes on (True)."""
+        retry_s, limit = self.kafka.transient_retry_s, self.kafka.transient_strikes
+        where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
+        key = f"{group}/{raw.topic}/{raw.partition}/{raw.offset}"
+        strike = 1 + sum(r.key == key for r in await self.read_topic(STRIKES)) if limit else 0
+        fault_text = f"{type(fault).__name__}: {fault}"
+        if limit and strike >= limit:
+            await self.dead_letter(
+                raw,
+                f"transient fault not cleared in {strike} rounds of {retry_s:g} s ({fault_text})",
+                group=group,
+            )
+            return True
+        if limit:
+            event = Strike(
+                source_topic=raw.topic,
+                partition=raw.partition,
+                offset=raw.offset,
+                group=group,
+                error=fault_text[:10_000],
+            )
+            await self.send(STRIKES, event, key=key)
+        budget = f"strike {strike} of {limit}" if limit else "no strike limit"
+        raise FatalError(
+            f"{where}: transient fault not cleared after {retry_s:g} s ({fault_text}); stopping so the "
+            f"record is redelivered after a restart ({budget})"
+        ) from fault
+
     # --- decoding ---
     def decode(self, raw: ConsumerRecord) -> Record[Any]:
         """Raw aiokafka record -> typed Record; raises codec.DecodeError / UnicodeDecodeError."""
@@ -284,10 +316,7 @@ class Bus(TopicReaders):
             except TRANSIENT as e:
                 where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
                 if time.monotonic() + delay > deadline:
-                    raise FatalError(
-                        f"{where}: transient fault not cleared after {self.kafka.transient_retry_s:g} s "
-                        f"({type(e).__name__}: {e}); stopping so the record is redelivered after a restart"
-                    ) from e
+                    return await self._strike(raw, group, e)
                 self.stats["retries"] += 1
                 log.warning("%s: transient %s: %s; retrying in %.1f s", where, type(e).__name__, e, delay)
                 with anyio.move_on_after(delay):
