@@ -122,8 +122,10 @@ class HFBackend:
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        # logits of the last prompt position only: the others are never sampled from, and on a real
+        # vocabulary they cost (SmolLM2, 16 prompts of 430 tokens: 1.35 GB, prefill 45 s -> 32 s)
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True).logits[:, -1, :]  # fmt: skip
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]  # fmt: skip
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
