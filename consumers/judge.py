@@ -14,6 +14,9 @@ episode context rebuilt by replaying the trajectory's responses in a fresh episo
 (`Episode.judge_context`); m samples per step from one batched generate over all steps; the last
 `\\boxed{}` is the verdict (+1 / -1, 0 unparseable).
 
+`judge.verdicts = "oracle"` (an ablation): the environment's own step labels stand in for the reward
+model's verdicts (`oracle_steps`), no model is loaded.
+
 Domains judged by unit tests (`Environment.judged_by`, the code domain): the reward model writes
 tests instead (envs.code's test prompt). A judgement's tests are checked against the task's reference
 solution (a test whose expected output the reference does not produce is invalid); the policy's
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Any
 
 import anyio
@@ -33,6 +37,7 @@ import anyio
 from algorithm import cure_test_raw
 from envs import judge_prompt, parse_verdict, shared_environment
 from envs.base import Environment
+from envs.play import step_with_label
 from infra.bus import Bus, Record
 from pipeline.serving import load_serving_model
 from schemas import topics
@@ -124,12 +129,33 @@ def judge_steps(
     return out
 
 
+def oracle_steps(env: Environment, trajectory: Trajectory, m: int) -> list[StepJudgement]:
+    """`judge.verdicts = "oracle"`: m copies of the environment's own label of each step (+1 progress,
+    -1 not, 0 where the domain has no labels or the replay ended), with no tokens."""
+    episode = env.reset(trajectory.task)
+    history: list[str] = []
+    out = []
+    for step in trajectory.steps:
+        label = None
+        if not episode.done:
+            _, label = step_with_label(env, episode, trajectory.task, history, step.response)
+        history.append(step.response)
+        verdict = 0 if label is None else (1 if label else -1)
+        oracle = Judgement(verdict=verdict, prompt_token_ids=[], response_token_ids=[], behaviour_logprobs=[],
+                           text="oracle")  # fmt: skip
+        out.append(StepJudgement(step_index=step.index, judgements=[oracle] * m))
+    return out
+
+
 # --- the role ------------------------------------------------------------------------------------
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
     cfg, model = config.judge, config.reward_model  # RunConfig holds judge.temperature == the model's
 
     async with Bus(config.kafka, role="judge") as bus:
+        if cfg.verdicts == "oracle":
+            await _judge_by_oracle(config, bus, shutdown)
+            return
         serving = await load_serving_model(config, bus, "reward")
         backend, watcher, judge_id = serving.backend, serving.watcher, serving.worker_id
 
@@ -167,3 +193,21 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 shutdown=shutdown,
             )
             tg.cancel_scope.cancel()
+
+
+async def _judge_by_oracle(config: RunConfig, bus: Bus, shutdown: anyio.Event) -> None:
+    """The ablation's judge loop: the environment's labels, no model, reward version 0."""
+    judge_id = f"oracle-{os.getpid()}"
+
+    def judge(trajectory: Trajectory) -> JudgedTrajectory:
+        env = shared_environment(trajectory.task.domain)
+        steps = oracle_steps(env, trajectory, config.judge.m)
+        return JudgedTrajectory(trajectory=trajectory, steps=steps, reward_version=0, judge_id=judge_id)
+
+    async def handle(record: Record[Any]) -> None:
+        judged = await anyio.to_thread.run_sync(functools.partial(judge, record.value))
+        await bus.send(topics.JUDGED, judged, key=record.value.request_id)
+        await bus.metric("judge/judged", 1.0, step=0, judge=judge_id)
+
+    await bus.consume([topics.TRAJECTORIES], group="judges", handler=handle,
+                      idempotency_key=lambda r: r.value.key, shutdown=shutdown)  # fmt: skip

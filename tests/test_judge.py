@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from consumers import judge
@@ -72,6 +73,17 @@ def test_contexts_come_from_replaying_the_episode() -> None:
         assert contexts[i] == episode.judge_context(i)
         episode.step(step.response)
     assert "Previous actions: none" in contexts[0]
+
+
+def test_oracle_verdicts_are_the_environments_step_labels() -> None:
+    good = oracle_trajectory(5, "o")
+    detour = Step(index=0, prompt="p", response="\\boxed{99}", prompt_token_ids=[1], response_token_ids=[2],
+                  behaviour_logprobs=[-1.0], policy_version=0)  # fmt: skip
+    steps = [detour] + [msgspec.structs.replace(s, index=s.index + 1) for s in good.steps]
+    judged = judge.oracle_steps(ENV, msgspec.structs.replace(good, steps=steps), 3)
+    assert [s.step_index for s in judged] == list(range(len(steps)))
+    assert [s.verdicts for s in judged] == [[-1, -1, -1]] + [[1, 1, 1]] * len(good.steps)
+    assert all(j.response_token_ids == [] and j.text == "oracle" for s in judged for j in s.judgements)
 
 
 def unit_tests(*tests: tuple[str, str]) -> Completion:

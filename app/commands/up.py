@@ -86,6 +86,10 @@ def up(
         bad = sorted(skipped - optional)[0]
         what = "a role the loop needs" if bad in ROLES else "not a role"
         fail(f"--without {bad}: {what}; only reward-learner, env-model or evaluator can be left out")
+    if cfg.judge.verdicts == "oracle" and "reward-learner" not in skipped:
+        fail(
+            "judge.verdicts = 'oracle' leaves the reward learner nothing to train on: add --without reward-learner"
+        )
     if bootstrap is not None:
         require_broker(cfg.kafka)
     # Roles are separate processes: hand them the same overrides through the environment.
