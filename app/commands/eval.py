@@ -66,7 +66,14 @@ def evaluate(
         typer.Option(help="Task domain, also the tiny presets' bootstrap domain (default: the config's)."),
     ] = None,
     levels: Annotated[str, typer.Option(help="Difficulty levels, e.g. 0,2,4 or 0-3.")] = "0-2",
-    tasks: Annotated[int, typer.Option(min=1, max=100_000, help="Held-out tasks per level.")] = 40,
+    tasks: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=100_000,
+            help="Held-out tasks per level (200: ± 0.07 at 95 %; 40 gave ± 0.15, wider than this loop's effects).",
+        ),
+    ] = 200,
     modes: Annotated[
         str, typer.Option(help="sampled (policy temperature), greedy, both, or none (only --reward-model).")
     ] = "sampled,greedy",
