@@ -17,7 +17,7 @@ levels harder that nothing trained on; rows that train the reward model also get
 measured on the preset policy's held-out steps (the steps Before's reward model is judged on).
 Writes benchmarks/results/learning.json, learning.png and a markdown table (README).
 
-    python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 40]
+    python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 200]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=6.0, help="wall-clock budget of each run")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--tasks", type=int, default=40, help="held-out tasks per level")
+    parser.add_argument("--tasks", type=int, default=200, help="held-out tasks per level (40: ± 0.15)")
     parser.add_argument("--rows", default=",".join(r for r in ROWS if r not in EXPERIMENT_ROWS),
                         help=f"comma-separated rows out of {', '.join(ROWS)}")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "learning.json")
