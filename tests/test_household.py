@@ -308,3 +308,24 @@ def test_judge_context_keeps_the_last_actions_numbered_from_the_start() -> None:
     history = context.split("Previous actions: ")[1].split(".\n")[0]
     shown = [part.split(". ", 1)[0] for part in history.split("; ")]
     assert shown == [str(i) for i in range(4, JUDGE_HISTORY + 4)]  # actions 4..11 of 11
+
+
+def test_a_search_step_explores_until_a_goal_object_is_in_view() -> None:
+    """Seed 1, level 4: 'put a spoon in countertop 1'; the spoon is in closed dresser 1, next to closed
+    cabinet 1 and dresser 2. Opening cabinet 1 first is a detour in hindsight but a search step; once
+    dresser 1 is open the spoon is in view, and opening cabinet 1 is a detour by both labels."""
+    from envs.household import step_explores
+
+    env = HouseholdEnv()
+    task = env.sample_task(4, random.Random(1))
+    assert task.params["goal"] == {"kind": "place", "object": "spoon", "target": "countertop 1"}
+    assert env.oracle(task)[0] == "\\boxed{1}"  # open dresser 1
+    cabinet = "\\boxed{0}"  # open cabinet 1
+    assert not step_is_progress(task, [], cabinet) and step_explores(task, [], cabinet)
+    opened = ["\\boxed{1}"]
+    cabinet_now = "\\boxed{1}"  # the list is renumbered: close dresser 1, open cabinet 1, ...
+    episode = env.reset(task)
+    episode.step(opened[0])
+    assert "spoon 1" in episode.prompt() and episode.admissible()[1] == "open cabinet 1"
+    assert not step_is_progress(task, opened, cabinet_now) and not step_explores(task, opened, cabinet_now)
+    assert not step_explores(task, [], "\\boxed{9}") and not step_explores(task, [], "no answer")

@@ -86,6 +86,18 @@ def test_oracle_verdicts_are_the_environments_step_labels() -> None:
     assert all(j.response_token_ids == [] and j.text == "oracle" for s in judged for j in s.judgements)
 
 
+def test_oracle_explore_counts_a_search_step_as_progress() -> None:
+    """Seed 1, level 4: the spoon is in closed dresser 1; opening cabinet 1 first searches."""
+    task = ENV.sample_task(4, random.Random(1))
+    search = Step(index=0, prompt="p", response="\\boxed{0}", prompt_token_ids=[1], response_token_ids=[2],
+                  behaviour_logprobs=[-1.0], policy_version=0)  # fmt: skip
+    trajectory = Trajectory(
+        request_id="x", rollout_index=0, group_size=1, task=task, steps=[search], outcome=-1
+    )
+    assert judge.oracle_steps(ENV, trajectory, 1)[0].verdicts == [-1]
+    assert judge.oracle_steps(ENV, trajectory, 1, explore=True)[0].verdicts == [1]
+
+
 def unit_tests(*tests: tuple[str, str]) -> Completion:
     text = "".join(f"**Test Input:**\n```\n{i}\n```\n**Test Output:**\n```\n{o}\n```\n" for i, o in tests)
     return Completion(

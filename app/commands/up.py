@@ -86,9 +86,10 @@ def up(
         bad = sorted(skipped - optional)[0]
         what = "a role the loop needs" if bad in ROLES else "not a role"
         fail(f"--without {bad}: {what}; only reward-learner, env-model or evaluator can be left out")
-    if cfg.judge.verdicts == "oracle" and "reward-learner" not in skipped:
+    if cfg.judge.verdicts != "model" and "reward-learner" not in skipped:
         fail(
-            "judge.verdicts = 'oracle' leaves the reward learner nothing to train on: add --without reward-learner"
+            f"judge.verdicts = {cfg.judge.verdicts!r} leaves the reward learner nothing to train on: "
+            "add --without reward-learner"
         )
     if bootstrap is not None:
         require_broker(cfg.kafka)

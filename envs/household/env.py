@@ -301,6 +301,9 @@ class HouseholdEnv:
     def step_is_progress(self, task: TaskSpec, history: list[str], response: str) -> bool:
         return step_is_progress(task, history, response)
 
+    def step_explores(self, task: TaskSpec, history: list[str], response: str) -> bool:
+        return step_explores(task, history, response)
+
 
 def step_is_progress(task: TaskSpec, history_responses: list[str], response: str) -> bool:
     """True iff `response`, played after `history_responses`, brings the oracle distance to the goal down."""
@@ -317,3 +320,36 @@ def step_is_progress(task: TaskSpec, history_responses: list[str], response: str
         return False
     after = episode.world.distance(episode.state)
     return after is not None and (before is None or after < before)
+
+
+def step_explores(task: TaskSpec, history_responses: list[str], response: str) -> bool:
+    """True iff `response` looks where the agent has not looked while it has seen no goal object yet: a
+    first visit to a room, or opening a closed receptacle. `step_is_progress` is a hindsight label (the
+    oracle knows which closed receptacle holds the object), so it calls every such search step a
+    detour; an agent that cannot see inside must make them."""
+    episode = HouseholdEpisode(task)
+    world = episode.world
+    visited: set[int] = set()
+
+    def look(state: State) -> bool:
+        """Remember the room; True once a goal object is in view or in hand."""
+        visited.add(state.loc)
+        if state.held in world.goal_objs:
+            return True
+        return any(at >= 0 and world.rec_room[at] == state.loc and world.is_open(state, at)
+                   for o, at in enumerate(state.obj_loc) if o in world.goal_objs)  # fmt: skip
+
+    seen = look(episode.state)
+    for past in history_responses:
+        if episode.done:
+            return False
+        episode.step(past)
+        seen = look(episode.state) or seen
+    index = parse_index(response)
+    actions = world.actions(episode.state)
+    if seen or episode.done or index is None or not 0 <= index < len(actions):
+        return False
+    op = actions[index][1]
+    if op[0] == "go":
+        return op[1] not in visited
+    return op[0] == "open" and not world.is_open(episode.state, op[1])
