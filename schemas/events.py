@@ -253,26 +253,27 @@ class Metric(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
-# --- forge.dlq (key source topic): bus runtime -> people ---
-class DeadLetter(Event, frozen=True, kw_only=True):
+class AboutRecord(Event, frozen=True, kw_only=True):
+    """An event about one consumed record: where it was read (physical topic), and by which group."""
+
     source_topic: str
     partition: Index
     offset: Index
+    group: str = ""
+
+
+# --- forge.dlq (key source topic): bus runtime -> people ---
+class DeadLetter(AboutRecord, frozen=True, kw_only=True):
     key: bytes | None
     value: bytes | None
     error: str
-    group: str = ""
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
 # --- forge.strikes (key group/topic/partition/offset): bus runtime -> bus runtime ---
-class Strike(Event, frozen=True, kw_only=True):
+class Strike(AboutRecord, frozen=True, kw_only=True):
     """A record's transient fault outlasted a round of retries and its consumer stopped (one strike)."""
 
-    source_topic: str
-    partition: Index
-    offset: Index
-    group: str
     error: str
     created_at: Timestamp = msgspec.field(default_factory=now)
 

@@ -308,21 +308,15 @@ def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker
     )  # fmt: skip
     assert done.returncode == 2
     assert "actor.parallel_episodes" in done.stderr
-    unknown = tmp_path / "unknown.toml"
-    unknown.write_text("[judge]\nverdict_count = 3\n")
-    done = subprocess.run(
-        [*CLI, "up", "--ephemeral", "--minutes", "1", "--config", str(unknown), "--workdir", str(tmp_path / "w")],
-        cwd=ROOT, env=env_for_tests(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "verdict_count" in done.stderr and "judge" in done.stderr
-    oracle = tmp_path / "oracle.toml"
-    oracle.write_text("[judge]\nverdicts = 'oracle'\n")
-    done = subprocess.run(
-        [*CLI, "up", "--ephemeral", "--minutes", "1", "--config", str(oracle), "--workdir", str(tmp_path / "w")],
-        cwd=ROOT, env=env_for_tests(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 2 and "add --without reward-learner" in done.stderr
+    for name, text, says in (("unknown", "[judge]\nverdict_count = 3\n", "unknown field `verdict_count` - at `$.judge`"),
+                             ("oracle", "[judge]\nverdicts = 'oracle'\n", "add --without reward-learner")):  # fmt: skip
+        config = tmp_path / f"{name}.toml"
+        config.write_text(text)
+        done = subprocess.run(
+            [*CLI, "up", "--ephemeral", "--minutes", "1", "--config", str(config), "--workdir", str(tmp_path / "w")],
+            cwd=ROOT, env=env_for_tests(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and says in done.stderr, done.stderr[-500:]
 
 
 def test_eval_flags_fail_fast_naming_the_flag() -> None:
