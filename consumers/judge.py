@@ -159,15 +159,19 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     cfg, model = config.judge, config.reward_model  # RunConfig holds judge.temperature == the model's
 
     async with Bus(config.kafka, role="judge") as bus:
-        if cfg.verdicts != "model":
-            await _judge_by_oracle(config, bus, shutdown)
-            return
-        serving = await load_serving_model(config, bus, "reward")
-        backend, watcher, judge_id = serving.backend, serving.watcher, serving.worker_id
+        serving = await load_serving_model(config, bus, "reward") if cfg.verdicts == "model" else None
+        judge_id = serving.worker_id if serving is not None else f"oracle-{os.getpid()}"
 
         def judge(trajectory: Trajectory) -> JudgedTrajectory:
-            """Blocking: prompts, one batched generate of m samples per step, verdicts."""
+            """Blocking: prompts, one batched generate of m samples per step, verdicts (or the
+            environment's labels, for the oracle ablations: no model, reward version 0)."""
             env = shared_environment(trajectory.task.domain)
+            if serving is None:
+                steps = oracle_steps(env, trajectory, cfg.m, explore=cfg.verdicts == "oracle-explore")
+                return JudgedTrajectory(
+                    trajectory=trajectory, steps=steps, reward_version=0, judge_id=judge_id
+                )
+            backend = serving.backend
             build = code_prompts if env.judged_by == "unit_tests" else verdict_prompts
             prompts = build(env, trajectory)
             version = backend.version
@@ -183,14 +187,15 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def handle(record: Record[Any]) -> None:
             trajectory: Trajectory = record.value
-            if cfg.follow_weights:
+            if serving is not None and cfg.follow_weights:
                 await serving.refresh()
             judged = await anyio.to_thread.run_sync(functools.partial(judge, trajectory))
             await bus.send(topics.JUDGED, judged, key=trajectory.request_id)
             await bus.metric("judge/judged", 1.0, step=judged.reward_version, judge=judge_id)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watcher.run, shutdown)
+            if serving is not None:
+                tg.start_soon(serving.watcher.run, shutdown)
             await bus.consume(
                 [topics.TRAJECTORIES],
                 group="judges",
@@ -199,23 +204,3 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 shutdown=shutdown,
             )
             tg.cancel_scope.cancel()
-
-
-async def _judge_by_oracle(config: RunConfig, bus: Bus, shutdown: anyio.Event) -> None:
-    """The ablation's judge loop: the environment's labels, no model, reward version 0."""
-    judge_id = f"oracle-{os.getpid()}"
-
-    def judge(trajectory: Trajectory) -> JudgedTrajectory:
-        env = shared_environment(trajectory.task.domain)
-        steps = oracle_steps(
-            env, trajectory, config.judge.m, explore=config.judge.verdicts == "oracle-explore"
-        )
-        return JudgedTrajectory(trajectory=trajectory, steps=steps, reward_version=0, judge_id=judge_id)
-
-    async def handle(record: Record[Any]) -> None:
-        judged = await anyio.to_thread.run_sync(functools.partial(judge, record.value))
-        await bus.send(topics.JUDGED, judged, key=record.value.request_id)
-        await bus.metric("judge/judged", 1.0, step=0, judge=judge_id)
-
-    await bus.consume([topics.TRAJECTORIES], group="judges", handler=handle,
-                      idempotency_key=lambda r: r.value.key, shutdown=shutdown)  # fmt: skip

@@ -213,3 +213,19 @@ async def test_judges_follow_or_stay_pinned_to_the_preset(
         shutdown.set()
     versions = [j.reward_version for j in sorted(judged, key=lambda j: j.key)]
     assert versions[-1] == 1 if follow else versions == [0, 0, 0], versions
+
+
+@pytest.mark.timeout(60)
+async def test_the_oracle_judge_loads_no_model_and_labels_every_step(
+    kafka_config: Any, tmp_path: Path
+) -> None:
+    config = RunConfig(workdir=str(tmp_path), kafka=kafka_config, judge=JudgeConfig(verdicts="oracle"))
+    trajectory = oracle_trajectory(13, "req-o")
+    shutdown = anyio.Event()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        await bus.send(topics.TRAJECTORIES, trajectory, key=trajectory.request_id)
+        tg.start_soon(functools.partial(judge.run, config, shutdown=shutdown))
+        (judged,) = await wait_records(bus, topics.JUDGED, lambda v: len(v) == 1)
+        shutdown.set()
+    assert judged.reward_version == 0 and judged.judge_id.startswith("oracle-")
+    assert [s.verdicts for s in judged.steps] == [[1, 1, 1]] * len(trajectory.steps)
