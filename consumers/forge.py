@@ -37,7 +37,7 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 
 import algorithm
-from infra.bus import Bus, redriven_for
+from infra.bus import Bus, redriven_elsewhere
 from pipeline.taskpool import TaskPool
 from schemas import codec
 from schemas.config import ForgeConfig, KafkaConfig, RunConfig
@@ -214,7 +214,7 @@ class Forge:
         and offset: an undecodable record goes to the DLQ with them here, and on under the key "", as
         does a record redriven for another group (the forge had counted the original)."""
         event = current_event()
-        if event is not None and redriven_for(event.message.headers) not in (None, self.app.conf.id):
+        if event is not None and redriven_elsewhere(event.message.headers, self.app.conf.id):
             return ""
         try:
             return codec.decode(raw, JudgedTrajectory).trajectory.task.task_id

@@ -34,7 +34,7 @@ Invariants:
 from infra.bus.batch import BatchConsumer
 from infra.bus.client import client_options, consumer_options, install_signal_handlers, stop_consumer
 from infra.bus.offsets import true_end_offsets
-from infra.bus.records import TRANSIENT, FatalError, RecentKeys, Record, TransientError, redriven_for
+from infra.bus.records import TRANSIENT, FatalError, RecentKeys, Record, TransientError, redriven_elsewhere
 from infra.bus.runtime import Bus
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
     "client_options",
     "consumer_options",
     "install_signal_handlers",
-    "redriven_for",
+    "redriven_elsewhere",
     "stop_consumer",
     "true_end_offsets",
 ]

@@ -8,7 +8,7 @@ from aiokafka import TopicPartition
 
 from infra.bus.client import stop_consumer
 from infra.bus.offsets import SeekOnAssign
-from infra.bus.records import Record, redriven_for
+from infra.bus.records import Record, redriven_elsewhere
 from infra.bus.runtime import Bus
 from schemas import codec
 
@@ -44,7 +44,7 @@ class BatchConsumer:
         records: list[Record[Any]] = []
         for raws in batch.values():
             for raw in raws:
-                if redriven_for(raw.headers) not in (None, self.group):
+                if redriven_elsewhere(raw.headers, self.group):
                     continue  # redriven for the group that dead-lettered it
                 try:
                     records.append(self.bus.decode(raw))

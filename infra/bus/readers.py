@@ -15,7 +15,7 @@ from aiokafka.structs import ConsumerRecord
 
 from infra.bus.client import consumer_options, fetch_or_shutdown
 from infra.bus.offsets import assign_all, true_end_offsets
-from infra.bus.records import E, Record, redriven_for
+from infra.bus.records import E, Record, redriven_elsewhere
 from schemas import codec
 from schemas.config import KafkaConfig
 from schemas.topics import TOPICS, Topic, TopicNames
@@ -50,7 +50,7 @@ class TopicReaders:
     def _decode_or_skip(self, raw: ConsumerRecord) -> Record[Any] | None:
         """Group-less readers log and skip undecodable records (group consumers dead-letter them), and
         skip a record redriven for one group: they had seen the original."""
-        if redriven_for(raw.headers) is not None:
+        if redriven_elsewhere(raw.headers, None):
             return None
         try:
             return self.decode(raw)

@@ -26,14 +26,14 @@ class TransientError(Exception):
 TRANSIENT: tuple[type[BaseException], ...] = (TransientError, OSError, MemoryError)
 
 
-def redriven_for(headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None) -> str | None:
-    """The consumer group a redriven record (its headers) is meant for; None when it is not one or is
-    meant for every group."""
+def redriven_elsewhere(
+    headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None, group: str | None
+) -> bool:
+    """Whether a record (its headers) is a DLQ redrive meant for another consumer group than `group`
+    (None: a group-less reader, for which every group's redrive is a copy of what it saw)."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
-    for name, value in pairs:
-        if name == REDRIVE_GROUP_HEADER:
-            return bytes(value).decode(errors="replace")
-    return None
+    target = next((bytes(v).decode(errors="replace") for n, v in pairs if n == REDRIVE_GROUP_HEADER), None)
+    return target is not None and target != group
 
 
 @dataclass(frozen=True, slots=True)

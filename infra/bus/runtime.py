@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from infra.bus.client import client_options, consumer_options, fetch_or_shutdown, stop_consumer
 from infra.bus.offsets import PendingOffsets
 from infra.bus.readers import TopicReaders
-from infra.bus.records import TRANSIENT, E, FatalError, RecentKeys, Record, redriven_for
+from infra.bus.records import TRANSIENT, E, FatalError, RecentKeys, Record, redriven_elsewhere
 from schemas import codec
 from schemas.config import KafkaConfig
 from schemas.events import DeadLetter, Metric, Redriven, Strike, finite
@@ -293,7 +293,7 @@ class Bus(TopicReaders):
     ) -> bool:
         """Handle one raw record; False only when shutdown came while a transient fault was retried
         (the record is then neither handled nor dead-lettered and must stay uncommitted)."""
-        if redriven_for(raw.headers) not in (None, group):
+        if redriven_elsewhere(raw.headers, group):
             self.stats["not_ours"] += 1  # redriven for the group that dead-lettered it
             return True
         try:
