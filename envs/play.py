@@ -24,6 +24,7 @@ class PlayedStep:
     judge_prompt: str
     valid: bool
     progress: bool | None  # the environment's label; None where the domain has none
+    completion: Any = None  # the backend's answer (tokens, logprobs, version): what a learner trains on
 
 
 @dataclass
@@ -81,6 +82,7 @@ def play_tasks(
                     judge_prompt(context, response, result.observation),
                     result.valid_action,
                     label,
+                    group[0],
                 )
             )
     for record, episode in zip(records, episodes, strict=True):
