@@ -150,7 +150,8 @@ def main() -> None:
             "groups_eligible": eligible,
             "samples": len(samples),
             "optimizer_steps": len(stats),
-            "kl": mean("kl"), "clip_fraction": mean("clip_fraction"), "is_weight_mean": mean("is_weight_mean"),
+            "kl": mean("kl"), "ref_kl": mean("ref_kl"), "clip_fraction": mean("clip_fraction"),
+            "is_weight_mean": mean("is_weight_mean"),
             "seconds": round(time.perf_counter() - t0, 1),
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
