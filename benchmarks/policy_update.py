@@ -20,7 +20,6 @@ eval's held-out seeds), so a gain on the training tasks and its transfer are tol
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import platform
@@ -34,20 +33,19 @@ sys.path.insert(0, str(ROOT))
 LEARNER_FIELDS = ("lr", "epochs", "minibatches", "clip", "kl_coef", "ref_kl_coef", "warmup_steps")
 
 
-def batches(samples: list, groups: int, at_least: int) -> list[list]:
-    """The iteration's samples as versions of whole groups (in group order), each >= `at_least`."""
+def versions(samples: list, at_least: int) -> list[list]:
+    """The iteration's samples cut into versions as the learner cuts its batches (`whole_groups`: whole
+    groups, in order, each version at least `at_least` samples); 0: the whole iteration is one version."""
+    from learners.core import whole_groups
+
     if at_least <= 0:
         return [samples] if samples else []
-    by_group = collections.defaultdict(list)
-    for s in samples:
-        by_group[s.group].append(s)
-    out, current = [], []
-    for g in sorted(by_group, key=lambda g: int(g.rsplit("-", 1)[1]))[:groups]:
-        current += by_group[g]
-        if len(current) >= at_least:
-            out.append(current)
-            current = []
-    return out + ([current] if current else [])
+    out, rest = [], samples
+    while rest:
+        out.append(whole_groups(rest, at_least))
+        taken = {s.key for s in out[-1]}
+        rest = [s for s in rest if s.key not in taken]
+    return out
 
 
 def main() -> None:
@@ -103,9 +101,9 @@ def main() -> None:
     started = time.perf_counter()
     before = heldout()
     print("held-out before", json.dumps(before), flush=True)
-    versions = [{k: v.clone() for k, v in model.state_dict().items()}]
+    snapshots = [{k: v.clone() for k, v in model.state_dict().items()}]  # weights per version, newest last
     tasks = seed_tasks(env, args.tasks, args.level, random.Random(args.seed))
-    rows, step = [], 0
+    rows, step, newest = [], 0, 0
     for it in range(args.iters):
         t0 = time.perf_counter()
         if args.fresh and it > 0:
@@ -127,16 +125,17 @@ def main() -> None:
                                            response_ids=list(c.token_ids), behaviour_logprobs=list(c.logprobs),
                                            version=c.version, advantage=t.advantage, group=f"{it}-{g}"))  # fmt: skip
         stats = []
-        for batch in batches(samples, len(tasks), args.batch_samples):
+        for batch in versions(samples, args.batch_samples):
             random.Random(step).shuffle(batch)
             for _, _, s in trainer.batch_steps(batch, first_step=step):
                 step += 1
                 stats.append(s)
-            versions.append({k: v.clone() for k, v in model.state_dict().items()})
-        sampler = len(versions) - 1 - min(args.lag, len(versions) - 1)
-        backend.model.load_state_dict(versions[sampler])
-        backend.version = sampler
-        versions = versions[-(args.lag + 1) :]  # only what a lagging sampler can still need
+            snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+            newest += 1
+        behind = min(args.lag, len(snapshots) - 1)
+        backend.model.load_state_dict(snapshots[-1 - behind])
+        backend.version = newest - behind
+        snapshots = snapshots[-(args.lag + 1) :]  # only what a lagging sampler can still need
         turns = sum(len(e.steps) for e in played)
 
         def mean(name: str, values: list = stats) -> float:

@@ -239,6 +239,29 @@ def test_smollm2_preset_converts_gguf_once_to_safetensors(tmp_path):
     assert b.tokenizer.decode(out.prompt_token_ids).startswith("<|im_start|>")  # chat template applied
 
 
+def test_played_steps_keep_the_completion_a_learner_trains_on():
+    """play_tasks records each step's completion: the prompt tokens the policy saw, the answer's tokens
+    and one behaviour logprob per token (what `bench update` turns into training samples)."""
+    import random
+
+    from envs import get_environment
+    from envs.play import play_tasks
+    from producers.scheduler import seed_tasks
+
+    env = get_environment("household")
+    tasks = seed_tasks(env, 2, 2, random.Random(0))
+    b = load_backend(TINY, role="policy", workdir=WORKDIR)
+    played = play_tasks(b, env, tasks, temperature=0.8, max_tokens=16, max_steps=3, seed=0)
+    for episode, task in zip(played, tasks, strict=True):
+        assert episode.steps
+        first = episode.steps[0].completion
+        assert first.prompt_token_ids == encode_prompt(b.tokenizer, env.reset(task).prompt())
+        for step in episode.steps:
+            c = step.completion
+            assert c.version == 0 and c.token_ids and len(c.logprobs) == len(c.token_ids)
+            assert all(lp <= 0.0 for lp in c.logprobs)
+
+
 @pytest.mark.slow
 def test_default_tiny_policy_answers_in_format_and_fails_for_planning_on_its_band():
     """The default preset on held-out tasks of the default training band: success in [0.2, 0.6]
