@@ -68,7 +68,7 @@ def main() -> None:
 
     from algorithm import group_signals
     from envs import get_environment
-    from envs.play import play_tasks
+    from envs.play import label_verdict, play_tasks
     from infra.models import load_backend, load_trainable
     from learners.checkpoint import TrainSample
     from learners.core import Trainer, reference_weights
@@ -113,8 +113,8 @@ def main() -> None:
         samples, eligible = [], 0
         for g in range(len(tasks)):
             group = played[g * n : (g + 1) * n]
-            verdicts = [[[(1 if s.progress else -1) if args.labels == "oracle" and s.progress is not None else 0] * m
-                         for s in e.steps] for e in group]  # fmt: skip
+            verdicts = [[[label_verdict(s.progress) if args.labels == "oracle" else 0] * m for s in e.steps]
+                        for e in group]  # fmt: skip
             signals = group_signals([e.outcome for e in group], verdicts, lam=scfg.lam,
                                     policy_acc_low=scfg.policy_acc_low, policy_acc_high=scfg.policy_acc_high,
                                     episode_weighting=scfg.episode_weighting)  # fmt: skip

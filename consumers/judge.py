@@ -37,7 +37,7 @@ import anyio
 from algorithm import cure_test_raw
 from envs import judge_prompt, parse_verdict, shared_environment
 from envs.base import Environment
-from envs.play import step_with_label
+from envs.play import label_verdict, step_with_label
 from infra.bus import Bus, Record
 from pipeline.serving import load_serving_model
 from schemas import topics
@@ -146,7 +146,7 @@ def oracle_steps(
             _, label = step_with_label(env, episode, trajectory.task, history, step.response)
             label = True if searching else label
         history.append(step.response)
-        verdict = 0 if label is None else (1 if label else -1)
+        verdict = label_verdict(label)
         oracle = Judgement(verdict=verdict, prompt_token_ids=[], response_token_ids=[], behaviour_logprobs=[],
                            text="oracle")  # fmt: skip
         out.append(StepJudgement(step_index=step.index, judgements=[oracle] * m))

@@ -38,6 +38,11 @@ class PlayedEpisode:
         return sum(not s.valid for s in self.steps)
 
 
+def label_verdict(label: bool | None) -> int:
+    """A step label as a verdict: +1 progress, -1 not, 0 where there is no label."""
+    return 0 if label is None else (1 if label else -1)
+
+
 def step_with_label(
     env: Environment, episode: Any, task: Any, history: list[str], response: str
 ) -> tuple[StepResult, bool | None]:
