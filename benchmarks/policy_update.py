@@ -73,7 +73,7 @@ def main() -> None:
     from learners.checkpoint import TrainSample
     from learners.core import Trainer, reference_weights
     from learners.engine import build_engine
-    from pipeline.evaluation import evaluate_policy
+    from pipeline.evaluation import evaluate_policy, summarize_policy
     from producers.scheduler import seed_tasks
     from schemas.config import RunConfig
 
@@ -136,16 +136,14 @@ def main() -> None:
         backend.model.load_state_dict(snapshots[-1 - behind])
         backend.version = newest - behind
         snapshots = snapshots[-(args.lag + 1) :]  # only what a lagging sampler can still need
-        turns = sum(len(e.steps) for e in played)
+        played_summary = summarize_policy(played)
 
         def mean(name: str, values: list = stats) -> float:
             return round(sum(getattr(s, name) for s in values) / len(values), 4) if values else 0.0
 
         rows.append({
             "iteration": it,
-            "success": round(sum(e.outcome == 1 for e in played) / len(played), 4),
-            "invalid_rate": round(sum(e.invalid for e in played) / turns, 4),
-            "mean_steps": round(turns / len(played), 2),
+            **{k: round(played_summary[k], 4) for k in ("success", "ci_low", "ci_high", "invalid_rate", "mean_steps")},
             "groups_eligible": eligible,
             "samples": len(samples),
             "optimizer_steps": len(stats),
