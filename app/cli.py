@@ -24,6 +24,7 @@ import typer
 
 from infra.broker import Broker, BrokerError, die_with_parent, wait_reachable
 from infra.config import ConfigError, load_config
+from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe with the model loaders)
 from schemas.config import KafkaConfig, RunConfig
 
 app = typer.Typer(

@@ -68,6 +68,7 @@ def main() -> None:
     from infra.models import prepare_preset
     from infra.models.hf_backend import HFBackend
     from infra.models.vllm_backend import VLLMBackend
+    from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe)
     from schemas.config import ModelConfig
 
     config = ModelConfig(preset=args.preset, bootstrap_sft_seconds=args.bootstrap_seconds)

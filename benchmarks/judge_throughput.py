@@ -70,6 +70,7 @@ def main() -> None:
     from envs import get_environment
     from envs.seeds import heldout_rng
     from infra.models import load_backend
+    from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe)
     from schemas.config import RunConfig
 
     cfg = RunConfig()

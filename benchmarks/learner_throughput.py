@@ -1,6 +1,6 @@
 """Learner tokens/s: plain torch AdamW vs DeepSpeed ZeRO-1/2/3 (CPU accelerator), same batches.
 
-Model: the `tiny` preset's architecture (infra.models.presets.TINY_ARCH) with random weights (the
+Model: the `tiny` preset's architecture (learners.tiny_preset.TINY_ARCH) with random weights (the
 SFT bootstrap does not change the cost of a step). Batch: 32 samples of 96 prompt + 32 response
 tokens (household-sized), one micro-batch (4096-token budget), decoupled-PPO loss, one optimizer
 step per batch — exactly `learners.core.Trainer.step`. tokens/s counts prompt + response tokens.
@@ -38,10 +38,10 @@ def worker(engine_name: str, stage: int, steps: int) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from infra.models.presets import TINY_ARCH
     from learners.checkpoint import TrainSample
     from learners.core import Trainer
     from learners.engine import build_engine
+    from learners.tiny_preset import TINY_ARCH
     from schemas.config import LearnerConfig
 
     torch.set_num_threads(1)

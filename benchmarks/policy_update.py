@@ -70,6 +70,7 @@ def main() -> None:
     from envs import get_environment
     from envs.play import label_verdict, play_tasks
     from infra.models import load_backend, load_trainable
+    from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe)
     from learners.checkpoint import TrainSample
     from learners.core import Trainer, reference_weights
     from learners.engine import build_engine

@@ -38,6 +38,7 @@ def worker(bootstrap: str, prefix: str, store_url: str, bootstrap_seconds: float
     from infra.bus import Bus
     from infra.models import load_backend
     from infra.weights import WeightStore, WeightsWatcher
+    from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe)
     from schemas.config import KafkaConfig, ModelConfig
 
     # experiment: the watcher's long-poll wait bounds how soon a new event is seen

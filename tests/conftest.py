@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from infra.broker import Broker
+from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe, as the CLI does)
 from schemas.config import KafkaConfig
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

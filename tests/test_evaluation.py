@@ -148,7 +148,7 @@ def test_heldout_and_training_seed_ranges_are_disjoint() -> None:
 def test_training_draws_every_task_from_the_training_range(monkeypatch: pytest.MonkeyPatch) -> None:
     """The scheduler's seeding and the bootstrap data sample each task from a training seed."""
     import envs.seeds
-    import infra.models.bootstrap as bootstrap
+    import learners.bootstrap as bootstrap
     import producers.scheduler as scheduler
 
     drawn: list[int] = []

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.models import bootstrap, load_backend, load_trainable, prepare_preset, presets, sequence_logprobs
-from infra.models.bootstrap import GOOD, reward_pairs
+from infra.models import load_backend, load_trainable, prepare_preset, sequence_logprobs
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
 from infra.models.tokenizer import encode_prompt, encode_response
 from infra.models.types import truncate_at_stop
+from learners import bootstrap, tiny_preset
+from learners.bootstrap import GOOD, reward_pairs
 from schemas.config import ModelConfig
 
 torch.set_num_threads(1)
@@ -92,6 +93,7 @@ def test_concurrent_processes_build_a_preset_once(tmp_path):
         "import torch, json; torch.set_num_threads(1)\n"
         "from pathlib import Path\n"
         "from schemas.config import ModelConfig\n"
+        "import learners.tiny_preset\n"
         "from infra.models import prepare_preset\n"
         "p = prepare_preset(ModelConfig(bootstrap_sft_seconds=0.6, seed=7), role='policy', workdir=Path('unused'))\n"
         "print(p, json.loads((p / 'bootstrap.json').read_text())['build_id'])\n"
@@ -201,18 +203,18 @@ def test_reward_pairs_draw_three_quarters_from_rollouts_and_stay_balanced():
 
 def test_data_fingerprint_is_remembered_per_source_version(tmp_path, monkeypatch):
     expected = bootstrap.data_fingerprint(["household"])
-    assert presets.data_fingerprint(["household"], tmp_path) == expected
+    assert tiny_preset.data_fingerprint(["household"], tmp_path) == expected
     assert len(list((tmp_path / "fingerprints").iterdir())) == 1  # the memo, and no staging file left
 
     def played(domains):  # noqa: ANN001, ANN202
         raise AssertionError("recomputed although the sources did not change")
 
     monkeypatch.setattr(bootstrap, "data_fingerprint", played)
-    assert presets.data_fingerprint(["household"], tmp_path) == expected
+    assert tiny_preset.data_fingerprint(["household"], tmp_path) == expected
     # other sources (an edited env, another engine version): computed again and remembered apart
-    monkeypatch.setattr(presets, "_sources_digest", lambda: "edited")
+    monkeypatch.setattr(tiny_preset, "_sources_digest", lambda: "edited")
     monkeypatch.setattr(bootstrap, "data_fingerprint", lambda domains: "recomputed")
-    assert presets.data_fingerprint(["household"], tmp_path) == "recomputed"
+    assert tiny_preset.data_fingerprint(["household"], tmp_path) == "recomputed"
     assert len(list((tmp_path / "fingerprints").iterdir())) == 2
 
 
@@ -327,3 +329,26 @@ def test_prepare_command_builds_both_presets_then_reuses_them(tmp_path):
     made = json.loads((Path(folders["reward"]) / "bootstrap.json").read_text())
     assert made["rollout_policy"] == Path(folders["policy"]).name and made["rollout_episodes"] == 16
     assert made["rollout_bad_steps"] > 0  # one SFT step: a policy that never makes progress, all labelled
+
+
+def test_the_plumbing_builds_tiny_only_through_a_registered_recipe():
+    """infra's loaders know `tiny` only once learners.tiny_preset registered it: a process that never
+    imported it gets an error naming the fix, and loading the plumbing imports no environment."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from infra.models import load_backend, prepare_preset\n"
+        "from schemas.config import ModelConfig\n"
+        "try:\n"
+        "    prepare_preset(ModelConfig(), role='policy', workdir=Path('unused'))\n"
+        "except ValueError as e:\n"
+        "    print('refused:', e)\n"
+        "print('imported:', sorted(m for m in sys.modules if m.split('.')[0] in ('envs', 'learners')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused: preset 'tiny' has no recipe in this process: import learners.tiny_preset" in out.stdout
+    assert "imported: []" in out.stdout
+    assert prepare_preset(TINY, role="policy", workdir=WORKDIR).name.startswith(
+        "tiny-policy-"
+    )  # conftest registered it

@@ -158,7 +158,7 @@ def test_variants_move_one_knob_one_notch_and_follow_the_critic() -> None:
 def test_bootstrap_draws_from_a_fixed_pool_of_games() -> None:
     """Presets' bootstrap data come from `bootstrap_games` games on each of `bootstrap_levels` (a new game
     is seconds of tw-make); household's bootstrap still draws a new task every time."""
-    from infra.models.bootstrap import _task
+    from learners.bootstrap import _task
 
     rng = random.Random(0)
     tasks = [_task(TextWorldEnv(), rng) for _ in range(2000)]  # specs only: no game is generated here

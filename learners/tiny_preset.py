@@ -1,0 +1,175 @@
+"""The `tiny` model preset: built here from the environments' own data, served by the plumbing.
+
+A Llama config (width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) with a word-level
+tokenizer trained on the environments' text, then bootstrap SFT (learners/bootstrap.py) on oracle
+demonstrations (policy) or on labelled judge prompts (reward: most from the tiny policy preset's own
+rollouts on training tasks, see `rollout_policy_config`). Cached by `infra.models.presets.build_once`
+under a key that hashes everything the build depends on (architecture, role, seed, SFT steps, a
+fingerprint of the training data). Reproducible from the seed: the SFT length is a step count derived
+from `bootstrap_sft_seconds` with a fixed reference step time, not a wall-clock budget.
+
+Importing this module registers the recipe, so `prepare_preset` (and every loader) knows `tiny`:
+the plumbing never imports the environments or the bootstrap itself.
+
+Policy and reward model never share weights: each role gets its own folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+from infra.models.presets import BUILD_RECIPE, Role, build_once, cache_key, cache_root, register_recipe
+from schemas.config import ModelConfig
+
+TINY_ARCH: dict[str, object] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-5,
+}
+# Seconds one SFT step (batch 32, ~150 tokens) took on this box's reference core at 1 thread.
+REFERENCE_STEP_S = 0.6
+
+
+def sft_steps(model: ModelConfig) -> int:
+    return max(1, round(model.bootstrap_sft_seconds / REFERENCE_STEP_S))
+
+
+def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
+    """The tiny preset's folder for `role` (built and cached on first use)."""
+    root = cache_root(workdir)
+    domains = sorted(set(model.bootstrap_domains))
+    # the data's fingerprint, not the envs' source: a prompt-format change rebuilds, a refactor does not
+    data = data_fingerprint(domains, root)
+    parts = {"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
+             "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
+    rollout_policy = None
+    if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
+        rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)
+        parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
+                  "rollout_policy": rollout_policy.name}  # fmt: skip
+    return build_once(
+        root / f"tiny-{role}-{cache_key(parts)}",
+        lambda out: _build_tiny(model, role, out, root, rollout_policy),
+    )
+
+
+def data_fingerprint(domains: list[str], root: Path) -> str:
+    """`bootstrap.data_fingerprint(domains)`, remembered under `root` for one version of the code that
+    makes the data (envs, schemas, the bootstrap) and of the game engines: computing it plays games
+    (TextWorld: about a minute) and every role resolves its presets at start. A code change recomputes
+    it once; the presets rebuild only if the data itself changed."""
+    from learners import bootstrap
+
+    memo = root / "fingerprints" / cache_key({"domains": sorted(domains), "sources": _sources_digest()})
+    if memo.is_file():
+        return memo.read_text().strip()
+    value = bootstrap.data_fingerprint(domains)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    staging = memo.with_name(f".tmp-{memo.name}-{uuid.uuid4().hex[:8]}")
+    staging.write_text(value + "\n")
+    os.replace(staging, memo)  # atomic: a concurrent reader sees the whole value or none
+    return value
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """Hash of the source files the bootstrap data comes from and of the installed game engines."""
+    import importlib.metadata
+
+    import envs
+    import schemas
+    from learners import bootstrap
+
+    h = hashlib.sha256()
+    for package in (envs, schemas):
+        folder = Path(package.__file__).parent
+        for path in sorted(folder.rglob("*.py")):  # relative names: a checkout elsewhere keeps the memo
+            h.update(path.relative_to(folder.parent).as_posix().encode() + b"\0" + path.read_bytes())
+    h.update(Path(bootstrap.__file__).read_bytes())
+    for engine in ("textworld",):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            h.update(f"{engine}=={importlib.metadata.version(engine)}".encode())
+    return h.hexdigest()[:16]
+
+
+def tiny_tokenizer(domains: list[str], root: Path) -> Path:
+    """The word-level tokenizer of `domains`' text, shared by the tiny policy and reward presets."""
+    from learners import bootstrap
+
+    key = cache_key({"domains": domains, "data": data_fingerprint(domains, root), "recipe": BUILD_RECIPE,
+                     "corpus": bootstrap.CORPUS_VERSION})  # fmt: skip
+
+    def build(out: Path) -> None:
+        from infra.models.tokenizer import train_word_tokenizer
+
+        train_word_tokenizer(bootstrap.corpus_texts(domains, seed=0)).save_pretrained(str(out))
+
+    return build_once(root / f"tokenizer-{key}", build)
+
+
+def rollout_policy_config(model: ModelConfig) -> ModelConfig:
+    """The tiny policy whose rollouts the tiny reward preset learns from: the policy preset of the
+    same seed and domains with `bootstrap_policy_sft_seconds` of SFT (by default the default policy)."""
+    return ModelConfig(
+        seed=model.seed,
+        bootstrap_domains=model.bootstrap_domains,
+        bootstrap_sft_seconds=getattr(
+            model, "bootstrap_policy_sft_seconds", ModelConfig().bootstrap_sft_seconds
+        ),
+    )
+
+
+def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_policy: Path | None) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from infra.models.tokenizer import load_tokenizer
+    from learners import bootstrap
+
+    domains = sorted(set(model.bootstrap_domains))
+    tokenizer = load_tokenizer(tiny_tokenizer(domains, root))
+    torch.manual_seed(model.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_ARCH,
+    )
+    net = LlamaForCausalLM(config)
+    data: dict[str, object] = {}
+    if role == "policy":
+        pairs = bootstrap.policy_pairs(domains, seed=model.seed)
+    else:
+        rollouts = None
+        if rollout_policy is not None:
+            from infra.models.hf_backend import HFBackend
+
+            player = rollout_policy_config(model)
+            rollouts = bootstrap.rollout_examples(
+                HFBackend(rollout_policy), domains, episodes=model.bootstrap_rollouts,
+                levels=model.bootstrap_rollout_levels, seed=model.seed,
+                temperature=player.temperature, max_tokens=player.max_new_tokens,
+            )  # fmt: skip
+            data = {"rollout_policy": rollout_policy.name, "rollout_episodes": model.bootstrap_rollouts,
+                    "rollout_good_steps": len(rollouts[0]), "rollout_bad_steps": len(rollouts[1])}  # fmt: skip
+        pairs = bootstrap.reward_pairs(domains, seed=model.seed, rollouts=rollouts)
+    report = bootstrap.sft(net, tokenizer, pairs, steps=sft_steps(model), seed=model.seed)
+    net.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer), **report, **data}
+    (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
+
+
+register_recipe("tiny", prepare_tiny)
