@@ -94,7 +94,8 @@ def cure_test_raw(
     right (passes the hidden tests). Only wrong programs matter:
     - a correct test scores +(number of wrong programs it fails) — it catches bugs;
     - an incorrect test scores -(number of wrong programs it passes) — it blesses bugs.
-    (CURE itself also subtracts wrong programs a correct test passes; the issue's rule does not.)
+    (CURE itself also subtracts wrong programs a correct test passes; this rule does not: a correct
+    test that a wrong program passes is weak, not wrong.)
     """
     if len(passes) != len(test_correct):
         raise ValueError(f"passes has {len(passes)} rows for {len(test_correct)} tests")

@@ -1,4 +1,4 @@
-"""Model backends, presets and the learner's logprob function (the contract in /work/contracts.md).
+"""Model backends, presets and the learner's logprob function (the contract: infra/models/types.py).
 
     backend = load_backend(config.policy_model, role="policy", workdir=workdir)   # actors / judges
     model, tokenizer = load_trainable(config.policy_model, role="policy", workdir=workdir)  # learners

@@ -1,4 +1,4 @@
-"""What every generation backend returns and promises (the contract in /work/contracts.md)."""
+"""What every generation backend returns and promises: the contract the roles rely on."""
 
 from __future__ import annotations
 
