@@ -49,7 +49,7 @@ ROLES: dict[str, str] = {
     "reward-learner": "learners.reward",
     "evaluator": "consumers.evaluator",
 }
-# modules that add commands to `app` (imported lazily by main(), skipped when absent)
+# modules that add commands to `app`, each imported by main() before the app runs (an explicit list)
 COMMAND_MODULES: tuple[str, ...] = (
     "app.commands.up",
     "app.commands.prepare",

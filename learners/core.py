@@ -324,7 +324,10 @@ def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
 
 
 @dataclass
-class StepOutcome:
+class LearnerStep:
+    """What one learner step did: its stats, the version it made, the weights it published (if any) and
+    the offsets it made safe to commit."""
+
     stats: StepStats
     version: int
     published: WeightsPublished | None = None
@@ -420,7 +423,7 @@ class Learner:
         return dropped, [self.state.version - s.version for s in self.pending]
 
     # --- ranks: rank 0 reads Kafka and decides; every rank trains, gathers and saves together ---
-    def train_batch(self) -> list[StepOutcome]:
+    def train_batch(self) -> list[LearnerStep]:
         """Train the next batch on every rank (rank 0 calls it)."""
         self._share("train")
         return self._train_batch()
@@ -453,7 +456,7 @@ class Learner:
         command, self.pending, self.state = box
         return command
 
-    def _train_batch(self) -> list[StepOutcome]:
+    def _train_batch(self) -> list[LearnerStep]:
         """Train the next batch (whole groups, at least batch_samples samples): proximal logprobs once,
         then `minibatches` optimizer steps per epoch over seeded shuffles, each step's samples shared out
         across the ranks; a new version after every `publish_every` batches."""
@@ -462,7 +465,7 @@ class Learner:
             newest = self.state.trained_groups.get(s.group_id, s.version)
             self.state.trained_groups[s.group_id] = max(newest, s.version)
         random.Random(self.state.optimizer_step).shuffle(batch)
-        outcomes = []
+        done = []
         for epoch, last, stats in self.trainer.batch_steps(batch, first_step=self.state.optimizer_step):
             if epoch == 0:
                 keys = set(stats.keys)
@@ -471,20 +474,20 @@ class Learner:
             self.waiting_since = None
             self.state.optimizer_step += 1
             self.dirty = True
-            outcome = StepOutcome(stats=stats, version=self.state.version)
+            step = LearnerStep(stats=stats, version=self.state.version)
             if last:
                 self.state.batches += 1
             if last and self.state.batches % self.cfg.publish_every == 0:
                 self.state.version += 1
-                outcome.version = self.state.version
+                step.version = self.state.version
                 if self.state.version % self.cfg.checkpoint_every == 0:
-                    outcome.committed = self._checkpoint()
-                outcome.published = self._publish()
+                    step.committed = self._checkpoint()
+                step.published = self._publish()
             if self.engine.rank == 0:
                 entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
                 ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
-            outcomes.append(outcome)
-        return outcomes
+            done.append(step)
+        return done
 
     # --- persist ---
     def _checkpoint(self) -> dict[tuple[str, int], int]:
@@ -567,21 +570,21 @@ async def _lead(learner: Learner, config: RunConfig, spec: LearnerSpec, shutdown
                                              versions=str(lag))  # fmt: skip
                     if not learner.pending:
                         break
-                    for outcome in await anyio.to_thread.run_sync(learner.train_batch):
-                        await _report(bus, consumer, name, outcome)
+                    for step in await anyio.to_thread.run_sync(learner.train_batch):
+                        await _report(bus, consumer, name, step)
                         await bus.metric(f"learner/{name}/samples_trained", learner.state.samples_trained)
             if learner.dirty:  # graceful stop: keep the progress and the consumed-but-untrained samples
                 offsets = await anyio.to_thread.run_sync(learner.checkpoint)
                 await consumer.commit(offsets)
 
 
-async def _report(bus: Bus, consumer: Any, name: str, outcome: StepOutcome) -> None:
-    if outcome.committed is not None:
-        await consumer.commit(outcome.committed)
-    if outcome.published is not None:
-        await bus.send(topics.WEIGHTS, outcome.published, key=name)
-        await bus.metric(f"learner/{name}/version", outcome.version, step=outcome.version)
-    s, v = outcome.stats, outcome.version
+async def _report(bus: Bus, consumer: Any, name: str, step: LearnerStep) -> None:
+    if step.committed is not None:
+        await consumer.commit(step.committed)
+    if step.published is not None:
+        await bus.send(topics.WEIGHTS, step.published, key=name)
+        await bus.metric(f"learner/{name}/version", step.version, step=step.version)
+    s, v = step.stats, step.version
     for metric, value in (
         ("loss", s.loss),
         ("kl", s.kl),
