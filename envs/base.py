@@ -9,12 +9,46 @@ A task is data (`schemas.events.TaskSpec`): any process rebuilds the same world 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from schemas.events import CriticFeedback, TaskSpec
 
 Direction = Literal["harder", "easier"]
+
+
+# Domains that list their admissible actions (household, textworld) take an answer that names one:
+# `\\boxed{ open drawer 1}`, or its number. The text is what the experts demonstrate: a small policy
+# copies a phrase from its prompt far more reliably than it maps a phrase back to the number in front
+# of it, and an answer by name means the same whatever order the list is in.
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+ANSWER_INSTRUCTION = "Think briefly, then answer with \\boxed{action}."
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.lower().replace(".", " ").split())
+
+
+def parse_choice(response: str, actions: list[str]) -> int | None:
+    """Index into `actions` of the last `\\boxed{...}` in the response: a listed action's text (case,
+    spacing and periods ignored) or its number. None if it names no listed action."""
+    found = BOXED.findall(response)
+    if not found:
+        return None
+    said = found[-1].strip()
+    if re.fullmatch(r"-?\d+", said):
+        index = int(said)
+        return index if 0 <= index < len(actions) else None
+    wanted = _normal(said)
+    return next((i for i, text in enumerate(actions) if _normal(text) == wanted), None)
+
+
+def boxed(action: str) -> str:
+    """The answer that plays `action`, as the experts give it. The space after the brace makes the
+    answer's words the same tokens as the listed action's (a word tokenizer tells a word after a brace
+    from one after a space), so the policy copies instead of translating."""
+    return f"\\boxed{{ {action}}}"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from envs.base import boxed
 from envs.seeds import training_rng
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,8 @@ INVALID_ANSWERS = ("\\boxed{99}", "\\boxed{", "boxed{1}", "I will look around.",
 
 
 def _detour(episode: Any, rng: random.Random) -> str:
-    """A random admissible action, by index."""
-    return f"\\boxed{{{rng.randrange(len(episode.admissible()))}}}"
+    """A random admissible action, answered as the experts answer (by name)."""
+    return boxed(rng.choice(episode.admissible()))
 
 
 def _mistake(episode: Any, rng: random.Random) -> str:

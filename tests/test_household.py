@@ -10,8 +10,8 @@ import statistics
 
 import pytest
 
-from envs.base import Environment, Episode
-from envs.household import HouseholdEnv, parse_index, step_is_progress
+from envs.base import Environment, Episode, parse_choice
+from envs.household import HouseholdEnv, step_is_progress
 from envs.household.env import JUDGE_HISTORY, preferred_easier_rules
 from envs.household.tasks import oracle_length
 from envs.household.world import object_type
@@ -99,7 +99,7 @@ def test_prompt_is_compact_and_numbered_in_sorted_order() -> None:
         for _ in range(20):
             episode = ENV.reset(ENV.sample_task(level, rng))
             prompt = episode.prompt()
-            assert prompt.startswith("Task: ") and prompt.endswith("answer with \\boxed{index}.")
+            assert prompt.startswith("Task: ") and prompt.endswith("answer with \\boxed{action}.")
             assert len(prompt.split()) <= 130, prompt
             actions = episode.admissible()
             assert actions == sorted(actions)
@@ -129,7 +129,11 @@ def test_closed_receptacles_hide_their_contents() -> None:
     assert episode.admissible() == ["open drawer 1", "take mug 1 from table 1"]
     result = episode.step("\\boxed{0}")
     assert "apple 1" in result.observation and "drawer 1 (apple 1)" in episode.prompt()
-    assert ENV.oracle(task) == ["\\boxed{0}", "\\boxed{1}", "\\boxed{2}"]  # open, take apple, put in table
+    assert ENV.oracle(task) == [
+        "\\boxed{ open drawer 1}",
+        "\\boxed{ take apple 1 from drawer 1}",
+        "\\boxed{ put apple 1 in table 1}",
+    ]
     assert episode.world.distance(episode.world.initial) == 3
 
 
@@ -167,7 +171,14 @@ def test_invalid_answers_count_as_steps_and_say_so() -> None:
     task = ENV.sample_task(1, random.Random(2))
     episode = ENV.reset(task)
     n = len(episode.admissible())
-    for bad in ["take the apple", f"\\boxed{{{n}}}", "\\boxed{-1}", "\\boxed{}", "boxed{0}"]:
+    for bad in [
+        "take the apple",
+        f"\\boxed{{{n}}}",
+        "\\boxed{-1}",
+        "\\boxed{}",
+        "boxed{0}",
+        "\\boxed{go to mars}",
+    ]:
         before = episode.state
         result = episode.step(bad)
         assert not result.valid_action and result.observation.startswith("Invalid answer")
@@ -176,7 +187,7 @@ def test_invalid_answers_count_as_steps_and_say_so() -> None:
         episode.prompt().count("Invalid answer") == 1
         and "Last actions: invalid; invalid." in episode.prompt()
     )
-    assert len(episode.actions_taken) == 5
+    assert len(episode.actions_taken) == 6
     while not episode.done:
         episode.step("no idea")
     assert len(episode.actions_taken) == task.params["max_steps"] == 40 and episode.outcome == -1
@@ -184,9 +195,19 @@ def test_invalid_answers_count_as_steps_and_say_so() -> None:
         episode.step("\\boxed{0}")
 
 
-def test_parse_index_takes_the_last_box() -> None:
-    assert parse_index("maybe \\boxed{1} no \\boxed{ 3 }") == 3
-    assert parse_index("\\boxed{x}") is None
+def test_an_answer_names_a_listed_action_by_text_or_number_and_the_last_box_counts() -> None:
+    actions = ["go to kitchen", "open drawer 1", "take apple 1 from table 1", "x"]
+    assert parse_choice("maybe \\boxed{1} no \\boxed{ 3 }", actions) == 3
+    assert parse_choice("\\boxed{0} I will \\boxed{ Open  Drawer 1. }", actions) == 1
+    assert parse_choice("\\boxed{take apple 1 from table 1}", actions) == 2
+    for bad in [
+        "\\boxed{4}",
+        "\\boxed{-1}",
+        "\\boxed{open drawer}",
+        "\\boxed{take apple 1}",
+        "open drawer 1",
+    ]:
+        assert parse_choice(bad, actions) is None, bad
 
 
 def test_max_steps_is_a_task_param() -> None:
@@ -319,10 +340,10 @@ def test_a_search_step_explores_until_a_goal_object_is_in_view() -> None:
     env = HouseholdEnv()
     task = env.sample_task(4, random.Random(1))
     assert task.params["goal"] == {"kind": "place", "object": "spoon", "target": "countertop 1"}
-    assert env.oracle(task)[0] == "\\boxed{1}"  # open dresser 1
+    assert env.oracle(task)[0] == "\\boxed{ open dresser 1}"
     cabinet = "\\boxed{0}"  # open cabinet 1
     assert not step_is_progress(task, [], cabinet) and step_explores(task, [], cabinet)
-    opened = ["\\boxed{1}"]
+    opened = ["\\boxed{ open dresser 1}"]
     cabinet_now = "\\boxed{1}"  # the list is renumbered: close dresser 1, open cabinet 1, ...
     episode = env.reset(task)
     episode.step(opened[0])

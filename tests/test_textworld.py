@@ -51,7 +51,7 @@ def test_a_task_is_the_same_game_in_another_process(tmp_path: Path) -> None:
     first = json.loads(in_subprocess(PLAY, "7", home=tmp_path / "a"))
     second = json.loads(in_subprocess(PLAY, "7", home=tmp_path / "b"))
     assert first == second
-    assert first["prompt"].startswith("Task: ") and "\\boxed{index}" in first["prompt"]
+    assert first["prompt"].startswith("Task: ") and "\\boxed{action}" in first["prompt"]
     assert len(first["oracle"]) >= 2
 
 

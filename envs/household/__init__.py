@@ -1,6 +1,11 @@
 """The household domain (AlfWorld-like): `HouseholdEnv`, its episodes and the oracle progress label."""
 
-from envs.household.env import HouseholdEnv, HouseholdEpisode, parse_index, step_explores, step_is_progress
+from envs.household.env import (
+    HouseholdEnv,
+    HouseholdEpisode,
+    step_explores,
+    step_is_progress,
+)
 from envs.household.tasks import LADDER
 from envs.household.world import State, World
 
@@ -10,7 +15,6 @@ __all__ = [
     "HouseholdEpisode",
     "State",
     "World",
-    "parse_index",
     "step_explores",
     "step_is_progress",
 ]

@@ -2,8 +2,9 @@
 
 Each turn the policy sees a compact observation (task, room, held object, receptacles in sight
 with closed ones hiding their contents, exits, last two actions) and the admissible actions
-numbered in sorted order, and answers `\\boxed{index}`. Outcome +1 iff the goal is reached within
-`max_steps` turns (an unparseable or out-of-range answer is an invalid turn that still counts).
+numbered in sorted order, and answers `\\boxed{action}`: the action's text, or its number. Outcome
++1 iff the goal is reached within `max_steps` turns (an answer that names no listed action is an
+invalid turn that still counts).
 
 Invariant: everything is a pure function of `TaskSpec.params`; the oracle is a BFS over world states.
 """
@@ -16,7 +17,7 @@ import random
 import re
 from typing import Any, Literal
 
-from envs.base import Direction, StepResult
+from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, parse_choice
 from envs.household.tasks import (
     EASIER_FOR_VERB,
     EASIER_WHEN_EARLY,
@@ -30,19 +31,12 @@ from envs.household.tasks import (
 from envs.household.world import State, World, describe_object
 from schemas.events import CriticFeedback, TaskSpec
 
-BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
-INSTRUCTION = "Think briefly, then answer with \\boxed{index}."
-INVALID = "Invalid answer: reply with \\boxed{index} of a listed action."
+INSTRUCTION = ANSWER_INSTRUCTION
+INVALID = "Invalid answer: reply with \\boxed{action} naming a listed action."
 # The judge sees the state in full (room, hands, receptacles) and only the latest actions: enough to
 # tell an undo or a repeat, and a 40-step episode's last prompts stay short (judging one such episode
 # took 3x as long with the whole history, most of it in attention over the long prompts).
 JUDGE_HISTORY = 8
-
-
-def parse_index(response: str) -> int | None:
-    """The last `\\boxed{i}` in the response, or None."""
-    found = BOXED.findall(response)
-    return int(found[-1]) if found else None
 
 
 class HouseholdEpisode:
@@ -97,8 +91,8 @@ class HouseholdEpisode:
         if self.done:
             raise RuntimeError("step() on a finished episode")
         actions = self.world.actions(self.state)
-        index = parse_index(response)
-        if index is None or not 0 <= index < len(actions):
+        index = parse_choice(response, [text for text, _ in actions])
+        if index is None:
             self.actions_taken.append(None)
             self.feedback.append(INVALID)
             self.states.append(self.state)
@@ -126,7 +120,7 @@ class HouseholdEpisode:
     def judge_context(self, step_index: int) -> str:
         """Task, the last JUDGE_HISTORY actions before `step_index` (numbered from the episode's start),
         and the observation with the numbered actions the policy chose from at `step_index` (so the
-        judge can decode `\\boxed{i}`)."""
+        judge can decode an answer by number)."""
         step_index = min(step_index, len(self.states) - 1)
         done = [a if a is not None else "invalid" for a in self.actions_taken[:step_index]]
         first = max(0, len(done) - JUDGE_HISTORY)
@@ -216,7 +210,7 @@ class HouseholdEnv:
         return HouseholdEpisode(task)
 
     def oracle(self, task: TaskSpec, *, explain: bool = False) -> list[str]:
-        """Shortest solution as responses, one per turn; `explain` prefixes each with the action text."""
+        """Shortest solution as responses, one per turn; `explain` prefixes each with a sentence."""
         episode = self.reset(task)
         path = episode.world.shortest_path(episode.state)
         if path is None:
@@ -224,9 +218,9 @@ class HouseholdEnv:
         responses = []
         for op in path:
             actions = episode.world.actions(episode.state)
-            index = next(i for i, (_, o) in enumerate(actions) if o == op)
-            response = f"\\boxed{{{index}}}"
-            responses.append(f"I will {actions[index][0]}. {response}" if explain else response)
+            text = next(t for t, o in actions if o == op)
+            response = boxed(text)
+            responses.append(f"I will {text}. {response}" if explain else response)
             episode.step(response)
         return responses
 
@@ -238,8 +232,7 @@ class HouseholdEnv:
         path = episode.world.shortest_path(episode.state)
         if not path:
             return None
-        actions = episode.world.actions(episode.state)
-        return f"\\boxed{{{next(i for i, (_, op) in enumerate(actions) if op == path[0])}}}"
+        return boxed(next(text for text, op in episode.world.actions(episode.state) if op == path[0]))
 
     @staticmethod
     def signature_of(params: dict[str, Any]) -> str:
@@ -345,9 +338,9 @@ def step_explores(task: TaskSpec, history_responses: list[str], response: str) -
             return False
         episode.step(past)
         seen = look(episode.state) or seen
-    index = parse_index(response)
     actions = world.actions(episode.state)
-    if seen or episode.done or index is None or not 0 <= index < len(actions):
+    index = parse_choice(response, [text for text, _ in actions])
+    if seen or episode.done or index is None:
         return False
     op = actions[index][1]
     if op[0] == "go":

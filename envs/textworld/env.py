@@ -7,8 +7,8 @@ take, rooms, open / cook / cut / drop; custom: world size, objects, quest length
 process rebuilds the same game from them (envs/textworld/games.py generates it once). Each turn the
 policy sees the objective, where it is, what it carries, what the game said to its last command, and
 the admissible commands numbered in sorted order (without the engine's look / inventory / examine
-verbs, which only repeat what the prompt shows; the cookbook stays); it answers `\\boxed{index}` as in
-household, so the same presets serve. Outcome +1 iff the game is won within `max_steps` turns; lost or
+verbs, which only repeat what the prompt shows; the cookbook stays); it answers `\\boxed{command}` (or its
+number) as in household, so the same presets serve. Outcome +1 iff the game is won within `max_steps` turns; lost or
 out of turns is -1.
 
 The engine's own walkthrough from the current state (`policy_commands`) is the oracle, the expert of
@@ -24,13 +24,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envs.base import Direction, StepResult
+from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, parse_choice
 from envs.textworld.games import COOKING_KNOBS, CUSTOM_KNOBS, GameGenerationError, game_file, game_key
 from schemas.events import CriticFeedback, TaskSpec
 
-BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
-INSTRUCTION = "Think briefly, then answer with \\boxed{index}."
-INVALID = "Invalid answer: reply with \\boxed{index} of a listed command."
+INSTRUCTION = ANSWER_INSTRUCTION
+INVALID = "Invalid answer: reply with \\boxed{action} naming a listed command."
 JUDGE_HISTORY = 8
 MAX_STEPS = 40
 GO_STEPS = (1, 6, 9, 12)  # the engine's room counts
@@ -87,11 +86,6 @@ CUSTOM_KNOB_FOR_VERB = {
     "open": "quest_length", "close": "quest_length", "unlock": "quest_length", "lock": "quest_length",
     "put": "quest_length", "insert": "quest_length",
 }  # fmt: skip
-
-
-def parse_index(response: str) -> int | None:
-    found = BOXED.findall(response)
-    return int(found[-1]) if found else None
 
 
 def clean(text: str) -> str:
@@ -183,9 +177,9 @@ class TextWorldEpisode:
     def step(self, response: str) -> StepResult:
         if self.done:
             raise RuntimeError("step() on a finished episode")
-        index = parse_index(response)
         commands = self.view.commands
-        if index is None or not 0 <= index < len(commands):
+        index = parse_choice(response, commands)
+        if index is None:
             self.actions_taken.append(None)
             self.feedback.append(INVALID)
             self.views.append(self.view)
@@ -270,7 +264,7 @@ class TextWorldEnv:
         return TextWorldEpisode(task)
 
     def oracle(self, task: TaskSpec) -> list[str]:
-        """The engine's walkthrough as `\\boxed{index}` answers, one per turn; ValueError when the game
+        """The engine's walkthrough as `\\boxed{command}` answers, one per turn; ValueError when the game
         cannot be built or won (the env model then refuses the candidate)."""
         try:
             episode = self.reset(task)
@@ -295,7 +289,7 @@ class TextWorldEnv:
         view = episode.view
         if episode.done or not view.walkthrough or view.walkthrough[0] not in view.commands:
             return None
-        return f"\\boxed{{{view.commands.index(view.walkthrough[0])}}}"
+        return boxed(view.walkthrough[0])
 
     def signature(self, task: TaskSpec) -> str:
         return game_key(knobs_of(task.params), task.seed)
