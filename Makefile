@@ -37,7 +37,7 @@ presets: setup
 	$(VENV)/bin/forgestream prepare
 
 run: presets
-	$(VENV)/bin/forgestream up --minutes 12 --workdir .work/run
+	$(VENV)/bin/forgestream up --minutes 15 --workdir .work/run
 
 test: presets
 	$(VENV)/bin/ruff check .

@@ -344,7 +344,7 @@ def test_environment_values_for_text_fields_are_taken_verbatim() -> None:
     assert cfg.kafka.sasl_username == '"alice"'
     assert cfg.kafka.security_protocol == "SASL_PLAINTEXT"
     assert cfg.policy_learner.lr == 0.001 and cfg.policy_learner.betas == (0.9, 0.99)
-    assert cfg.policy_learner.epochs == 4 and cfg.reward_learner.epochs == 1  # own defaults per section
+    assert cfg.policy_learner.ref_kl_coef == 0.1 and cfg.reward_learner.lr == 3e-4  # own defaults per section
     assert cfg.evaluator.enabled is False
     with pytest.raises(ConfigError, match="lr"):
         load_config(environ={"FORGESTREAM_POLICY_LEARNER__LR": "fast"})
