@@ -7,9 +7,9 @@ take, rooms, open / cook / cut / drop; custom: world size, objects, quest length
 process rebuilds the same game from them (envs/textworld/games.py generates it once). Each turn the
 policy sees the objective, where it is, what it carries, what the game said to its last command, and
 the admissible commands numbered in sorted order (without the engine's look / inventory / examine
-verbs, which only repeat what the prompt shows; the cookbook stays); it answers `\\boxed{command}` (or its
-number) as in household, so the same presets serve. Outcome +1 iff the game is won within `max_steps` turns; lost or
-out of turns is -1.
+verbs, which only repeat what the prompt shows; the cookbook stays); it answers `\\boxed{command}`
+(or its number) as in household, so the same presets serve. Outcome +1 iff the game is won within
+`max_steps` turns; lost or out of turns is -1.
 
 The engine's own walkthrough from the current state (`policy_commands`) is the oracle, the expert of
 bootstrap SFT, and the step label: a step is progress when the walkthrough from the new state is
