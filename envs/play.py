@@ -25,6 +25,8 @@ class PlayedStep:
     valid: bool
     progress: bool | None  # the environment's label; None where the domain has none
     completion: Any = None  # the backend's answer (tokens, logprobs, version): what a learner trains on
+    prompt: str | None = None  # the policy's prompt, where the expert's response was asked for
+    expert: str | None = None  # the expert's response from the state before this step (DAgger's label)
 
 
 @dataclass
@@ -65,8 +67,11 @@ def play_tasks(
     max_tokens: int,
     max_steps: int,
     seed: int,
+    expert: bool = False,
 ) -> list[PlayedEpisode]:
-    """Play `tasks` side by side (one generate call per turn); generation seed `seed + turn`."""
+    """Play `tasks` side by side (one generate call per turn); generation seed `seed + turn`. With
+    `expert`, each step also records its prompt and the env's `expert_response` from that state."""
+    ask = getattr(env, "expert_response", None) if expert else None
     episodes = [env.reset(t) for t in tasks]
     records = [PlayedEpisode(level=t.difficulty, outcome=-1) for t in tasks]
     history: list[list[str]] = [[] for _ in tasks]
@@ -74,11 +79,12 @@ def play_tasks(
         live = [i for i, e in enumerate(episodes) if not e.done]
         if not live:
             break
-        outs = backend.generate([episodes[i].prompt() for i in live], temperature=temperature,
-                                max_tokens=max_tokens, seed=seed + turn)  # fmt: skip
-        for i, group in zip(live, outs, strict=True):
+        prompts = [episodes[i].prompt() for i in live]
+        outs = backend.generate(prompts, temperature=temperature, max_tokens=max_tokens, seed=seed + turn)
+        for i, prompt, group in zip(live, prompts, outs, strict=True):
             response, episode = group[0].text, episodes[i]
             context = episode.judge_context(len(history[i]))
+            best = ask(episode) if ask is not None else None
             result, label = step_with_label(env, episode, tasks[i], history[i], response)
             history[i].append(response)
             records[i].steps.append(
@@ -88,6 +94,8 @@ def play_tasks(
                     result.valid_action,
                     label,
                     group[0],
+                    prompt if ask is not None else None,
+                    best,
                 )
             )
     for record, episode in zip(records, episodes, strict=True):

@@ -2,8 +2,9 @@
 
 A Llama config (width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) with a word-level
 tokenizer trained on the environments' text, then bootstrap SFT (learners/bootstrap.py) on oracle
-demonstrations (policy) or on labelled judge prompts (reward: most from the tiny policy preset's own
-rollouts on training tasks, see `rollout_policy_config`). Cached by `infra.models.presets.build_once`
+demonstrations (policy: then `bootstrap_dagger_rounds` DAgger rounds on the states it reaches itself)
+or on labelled judge prompts (reward: most from the tiny policy preset's own rollouts on training
+tasks, see `rollout_policy_config`). Cached by `infra.models.presets.build_once`
 under a key that hashes everything the build depends on (architecture, role, seed, SFT steps, a
 fingerprint of the training data). Reproducible from the seed: the SFT length is a step count derived
 from `bootstrap_sft_seconds` with a fixed reference step time, not a wall-clock budget.
@@ -23,6 +24,7 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 from infra.models.presets import BUILD_RECIPE, Role, build_once, cache_key, cache_root, register_recipe
 from schemas.config import ModelConfig
@@ -45,6 +47,21 @@ def sft_steps(model: ModelConfig) -> int:
     return max(1, round(model.bootstrap_sft_seconds / REFERENCE_STEP_S))
 
 
+def dagger_steps(model: ModelConfig) -> int:
+    """SFT steps of each DAgger round of the policy preset (0: no rounds)."""
+    if model.bootstrap_dagger_rounds == 0:
+        return 0
+    from learners import bootstrap
+
+    return round(sft_steps(model) * bootstrap.DAGGER_STEP_SHARE)
+
+
+def dagger_episodes(model: ModelConfig) -> int:
+    from learners import bootstrap
+
+    return round(dagger_steps(model) * bootstrap.DAGGER_EPISODES_PER_STEP)
+
+
 def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     """The tiny preset's folder for `role` (built and cached on first use)."""
     root = cache_root(workdir)
@@ -53,6 +70,12 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     data = data_fingerprint(domains, root)
     parts = {"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
              "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
+    if role == "policy" and dagger_steps(model) > 0:
+        from learners import bootstrap
+
+        parts["dagger"] = {"rounds": model.bootstrap_dagger_rounds, "levels": model.bootstrap_dagger_levels,
+                           "steps": dagger_steps(model), "episodes": dagger_episodes(model),
+                           "own_share": bootstrap.DAGGER_OWN_SHARE, "lr": bootstrap.DAGGER_LR}  # fmt: skip
     rollout_policy = None
     if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
         rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)
@@ -168,8 +191,33 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
     report = bootstrap.sft(net, tokenizer, pairs, steps=sft_steps(model), seed=model.seed)
     net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    if role == "policy" and dagger_steps(model) > 0:
+        data["dagger"] = [_dagger_round(net, tokenizer, model, domains, out, r)
+                          for r in range(model.bootstrap_dagger_rounds)]  # fmt: skip
     report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer), **report, **data}
     (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
+
+
+def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[str], out: Path,
+                  round_index: int) -> dict[str, object]:  # fmt: skip
+    """One DAgger round on the policy saved in `out`: play, label with the expert, train, save again."""
+    from infra.models.hf_backend import HFBackend
+    from learners import bootstrap
+
+    seed = model.seed + 1 + round_index
+    own = bootstrap.visited_state_pairs(
+        HFBackend(out), domains, episodes=dagger_episodes(model), levels=model.bootstrap_dagger_levels,
+        seed=seed, temperature=model.temperature, max_tokens=model.max_new_tokens,
+    )  # fmt: skip
+    if not own:  # no domain with an expert to ask
+        return {"states": 0}
+    pairs = bootstrap.mixed_pairs(own, bootstrap.policy_pairs(domains, seed=seed),
+                                  own_share=bootstrap.DAGGER_OWN_SHARE, seed=seed)  # fmt: skip
+    report = bootstrap.sft(
+        net, tokenizer, pairs, steps=dagger_steps(model), seed=seed, lr=bootstrap.DAGGER_LR
+    )
+    net.save_pretrained(str(out))
+    return {"states": len(own), **report}
 
 
 register_recipe("tiny", prepare_tiny)

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from envs.base import boxed
 from infra.models import load_backend, load_trainable, prepare_preset, sequence_logprobs
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
 from infra.models.tokenizer import encode_prompt, encode_response
-from infra.models.types import truncate_at_stop
+from infra.models.types import Completion, truncate_at_stop
 from learners import bootstrap, tiny_preset
 from learners.bootstrap import GOOD, reward_pairs
 from schemas.config import ModelConfig
@@ -81,12 +82,42 @@ def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
     assert reward != policy
     report = json.loads((policy / "bootstrap.json").read_text())
     assert report["steps"] == 8 and report["final_loss"] < report["first_loss"]
+    # one DAgger round: a third of the 8 steps, on the states 2 episodes of its own reached
+    assert [r["steps"] for r in report["dagger"]] == [3] and report["dagger"][0]["states"] > 0
     assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))
     model, tok = load_trainable(TINY, role="policy", workdir=WORKDIR)
     assert model.config.tie_word_embeddings and model.config.hidden_size == 128
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
     hf = prepare_preset(ModelConfig(preset=f"hf:{policy}"), role="policy", workdir=tmp_path)
     assert hf == policy
+
+
+class AlternatingPlayer:
+    """Answers every other turn with a room that is no exit, else the first listed action."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def generate(self, prompts, *, n=1, temperature, max_tokens, stop=None, seed=None):  # noqa: ANN001
+        self.turn += 1
+        texts = ["\\boxed{ go to mars}" if self.turn % 2 else "\\boxed{0}" for _ in prompts]
+        return [[Completion(text=t, token_ids=[], logprobs=[], prompt_token_ids=[], finish_reason="stop",
+                            version=0)] for t in texts]  # fmt: skip
+
+
+def test_dagger_labels_every_state_the_player_reached_with_the_expert():
+    """Invalid turns included: the state after one is labelled again, the prompt now saying so."""
+    pairs = bootstrap.visited_state_pairs(AlternatingPlayer(), ["household"], episodes=3, levels=[4],
+                                          seed=5, temperature=0.8, max_tokens=8)  # fmt: skip
+    assert len(pairs) > 3 * 2 and any("Invalid answer" in prompt for prompt, _ in pairs)
+    for prompt, expert in pairs:
+        listed = prompt.split("Actions:\n")[1].splitlines()[:-1]
+        assert any(expert == boxed(line.split(": ", 1)[1]) for line in listed), (expert, listed)
+    # an invalid answer leaves the state as it was: the next state's label is the same
+    after_invalid = [i for i, (prompt, _) in enumerate(pairs) if "Invalid answer" in prompt]
+    assert all(pairs[i][1] == pairs[i - 1][1] for i in after_invalid)
+    assert bootstrap.visited_state_pairs(AlternatingPlayer(), ["arith"], episodes=2, levels=[0], seed=5,
+                                         temperature=0.8, max_tokens=8) == []  # no expert: no states  # fmt: skip
 
 
 def test_concurrent_processes_build_a_preset_once(tmp_path):
@@ -276,8 +307,8 @@ def test_default_tiny_policy_fails_about_half_the_time_on_its_band():
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="the preset that answers by name names an unlisted action in 80-85 % of its turns, nearly all "
-    "in failing episodes (README: 'A start that reads its actions'); the bound is the issue's",
+    reason="the preset (answers by name, one DAgger round) names an unlisted action in about half of its "
+    "turns on its band, level 8 (README: 'A start that has seen its own mistakes'); the bound is the issue's",
 )
 def test_default_tiny_policy_answers_in_format_on_its_band():
     """Few invalid answers: failures should be planning failures, not format."""
