@@ -13,7 +13,7 @@ Rows (household, `tiny` preset, the same wall-clock budget per run):
 - +Env     the full loop (env model proposes variants, forge accepts them).
 Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
 newest policy on held-out tasks of the training band (scheduler.seed_difficulty) and of a band two
-levels harder that nothing trained on; rows that train the reward model also get its process accuracy,
+levels harder (or the hardest) that nothing trained on; rows that train the reward model also get its process accuracy,
 measured on the preset policy's held-out steps (the steps Before's reward model is judged on).
 Writes benchmarks/results/learning.json, learning.png and a markdown table (README).
 
@@ -78,7 +78,7 @@ def main() -> None:
     from schemas.config import RunConfig
 
     band = RunConfig().scheduler.seed_difficulty
-    levels = f"{band},{band + 2}"
+    levels = f"{band},{harder_than(band)}"
     from benchmarks import child_env
 
     base_env = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
@@ -122,10 +122,18 @@ def main() -> None:
     print(markdown(table, band, args.minutes, args.seeds))
 
 
+def harder_than(band: int) -> int:
+    """The held-out level nothing trains on: two above the band, or the hardest there is."""
+    from envs import get_environment
+    from schemas.config import RunConfig
+
+    return min(band + 2, get_environment(RunConfig().scheduler.domain).levels - 1)
+
+
 def write(args: argparse.Namespace, runs: list[dict], band: int, started: float, *, complete: bool) -> dict:
     table = aggregate(runs, band)
     out = {"machine": "2 cores, no GPU", "minutes_per_run": args.minutes, "seeds": args.seeds,
-           "tasks_per_level": args.tasks, "band": band, "harder": band + 2, "complete": complete,
+           "tasks_per_level": args.tasks, "band": band, "harder": harder_than(band), "complete": complete,
            "table": table, "runs": runs, "wall_s": time.time() - started}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
@@ -152,7 +160,7 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
     for row in dict.fromkeys(r["row"] for r in runs):
         mine = [r for r in runs if r["row"] == row]
         entry: dict = {"seeds": len(mine)}
-        for name, level in (("band", band), ("harder", band + 2)):
+        for name, level in (("band", band), ("harder", harder_than(band))):
             results = [r["eval"]["policy_results"]["sampled"][str(level)] for r in mine]
             rates = [x["success"] for x in results]
             wins, n = sum(x["successes"] for x in results), sum(x["tasks"] for x in results)
@@ -174,7 +182,7 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
 
 
 def markdown(table: dict[str, dict], band: int, minutes: float, seeds: int) -> str:
-    lines = [f"| row | held-out success, level {band} (trained) | level {band + 2} (harder) | invalid | "
+    lines = [f"| row | held-out success, level {band} (trained) | level {harder_than(band)} (harder) | invalid | "
              "process accuracy (balanced) | variants accepted |", "|---|---|---|---|---|---|"]  # fmt: skip
     for row, e in table.items():
         pa = (
@@ -201,7 +209,7 @@ def plot(table: dict[str, dict], band: int, path: Path) -> None:
     rows = list(table)
     fig, ax = plt.subplots(figsize=(7, 3.2))
     for offset, (name, label) in enumerate(
-        (("band", f"level {band} (trained)"), ("harder", f"level {band + 2}"))
+        (("band", f"level {band} (trained)"), ("harder", f"level {harder_than(band)}"))
     ):
         xs = [i + (offset - 0.5) * 0.38 for i in range(len(rows))]
         ax.bar(xs, [table[r][name]["mean"] for r in rows], width=0.36, yerr=[table[r][name]["sd"] for r in rows],
