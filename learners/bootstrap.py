@@ -229,8 +229,8 @@ def rollout_examples(
 # house: a policy trained on them alone names rooms that are not exits and takes from closed drawers
 # once off that path (held-out level 6: 83 % of turns invalid), then repeats. A round plays training
 # tasks with the policy and trains on the expert's response in every state the policy reached, mixed
-# half and half with fresh demonstrations. Household, 200 held-out tasks, level 6 / 8 (invalid turns):
-# the 1,200-step preset 0.45 / 0.21 (0.83); plus one round (256 episodes, 400 steps) 0.81 / 0.49 (0.40).
+# half and half with fresh demonstrations. Household, 200 held-out tasks, level 6 / 8 (invalid turns at 6):
+# the 1,200-step preset 0.45 / 0.21 (0.83); plus one round (256 episodes, 400 steps) 0.77 / 0.49 (0.42).
 DAGGER_EPISODES_PER_STEP = 0.64  # episodes played per SFT step of the round (256 for 400 steps)
 DAGGER_STEP_SHARE = 1 / 3  # a round's SFT steps per step of the first SFT
 DAGGER_OWN_SHARE = 0.5  # share of a round's examples from the policy's own states

@@ -121,10 +121,11 @@ class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
     bootstrap_sft_seconds: NonNegFloat = 120.0
     """Tiny preset: 120 s (200 steps, ~6 min here), 3/4 of them on judge prompts of `bootstrap_rollouts`
     episodes the tiny policy preset played on training tasks, labelled by the environment, 1/4 on
-    expert-vs-mistake branching steps. Process accuracy on held-out steps of the policy preset
-    (`forgestream eval --reward-model preset --levels 6,8 --tasks 40 --modes none`: majority of m = 3
-    verdicts at T 0.8, 2,673 steps): 0.943 (balanced 0.954; its valid steps 0.72, its invalid ones
-    0.986). With the former policy preset that answered by number (levels 4,6, 2,801 steps): 0.684
+    expert-vs-mistake branching steps. Process accuracy on held-out steps of the policy preset with its
+    DAgger round (`forgestream eval --reward-model preset --levels 8 --tasks 40 --modes none`: majority
+    of m = 3 verdicts at T 0.8, 1,136 steps): 0.811 (balanced 0.812; its invalid steps 1.000, its valid
+    ones 0.589: the loop's weak point). Before the DAgger round (levels 6,8, rollouts at 4-8, 2,673 steps):
+    0.943 (balanced 0.954; valid 0.72, invalid 0.986). With the former policy preset that answered by number (levels 4,6, 2,801 steps): 0.684
     (balanced 0.676); 0.612 at 60 s; 0.499 for the former
     preset (50 steps of branching steps only), which called the expert's kind of step good and the
     policy's mistakes are not of that kind (300 steps of those: balanced 0.52 greedy). Rollouts on all
