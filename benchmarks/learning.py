@@ -13,8 +13,9 @@ Rows (household, `tiny` preset, the same wall-clock budget per run):
 - +Env     the full loop (env model proposes variants, forge accepts them).
 Each run is `forgestream up --ephemeral --minutes M` (its own seed), then `forgestream eval` of its
 newest policy on held-out tasks of the training band (scheduler.seed_difficulty) and of a band two
-levels harder (or the hardest) that nothing trained on; rows that train the reward model also get its process accuracy,
-measured on the preset policy's held-out steps (the steps Before's reward model is judged on).
+levels harder (or the hardest) that nothing trained on; rows that train the reward model also get its
+process accuracy, measured on the preset policy's held-out steps (the steps Before's reward model is
+judged on).
 Writes benchmarks/results/learning.json, learning.png and a markdown table (README).
 
     python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 200]

@@ -4,8 +4,8 @@ A Llama config (width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) wi
 tokenizer trained on the environments' text, then bootstrap SFT (learners/bootstrap.py) on oracle
 demonstrations (policy: then `bootstrap_dagger_rounds` DAgger rounds on the states it reaches itself)
 or on labelled judge prompts (reward: most from the tiny policy preset's own rollouts on training
-tasks, see `rollout_policy_config`). Cached by `infra.models.presets.build_once`
-under a key that hashes everything the build depends on (architecture, role, seed, SFT steps, a
+tasks, see `rollout_policy_config`). Cached by `infra.models.presets.build_once` under a key that
+hashes everything the build depends on (architecture, role, seed, SFT steps, the DAgger rounds, a
 fingerprint of the training data). Reproducible from the seed: the SFT length is a step count derived
 from `bootstrap_sft_seconds` with a fixed reference step time, not a wall-clock budget.
 
@@ -57,6 +57,7 @@ def dagger_steps(model: ModelConfig) -> int:
 
 
 def dagger_episodes(model: ModelConfig) -> int:
+    """Training episodes each DAgger round plays (256 for the default's 400 steps)."""
     from learners import bootstrap
 
     return round(dagger_steps(model) * bootstrap.DAGGER_EPISODES_PER_STEP)

@@ -97,9 +97,9 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     success 0.89 / 0.73 / 0.45 / 0.21 at levels 2 / 4 / 6 / 8 (sampled; 200 tasks at 6 and 8) before the
     DAgger round (`bootstrap_dagger_rounds`), but 0.78-0.85 of its turns invalid, nearly all in failing
     episodes: an action that is not on the list (a room that is not an exit). 240 (400 steps): 0.37 at
-    level 4. The former answers by number (400
-    steps) won 0.495 at level 4, barely above a random valid number (0.445) and below it once the list
-    was shuffled: the policy had learned positions, not actions."""
+    level 4. The former answers by number (400 steps) won 0.495 at level 4, barely above a random valid
+    number (0.445) and below it once the list was shuffled: the policy had learned positions, not
+    actions."""
     bootstrap_domains: tuple[Domain, ...] = ("household",)
     """Tiny preset: domains whose oracle demonstrations (or judge prompts) the bootstrap SFT uses."""
     bootstrap_dagger_rounds: NonNegInt = 1
@@ -125,8 +125,8 @@ class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
     DAgger round (`forgestream eval --reward-model preset --levels 8 --tasks 40 --modes none`: majority
     of m = 3 verdicts at T 0.8, 1,136 steps): 0.811 (balanced 0.812; its invalid steps 1.000, its valid
     ones 0.589: the loop's weak point). Before the DAgger round (levels 6,8, rollouts at 4-8, 2,673 steps):
-    0.943 (balanced 0.954; valid 0.72, invalid 0.986). With the former policy preset that answered by number (levels 4,6, 2,801 steps): 0.684
-    (balanced 0.676); 0.612 at 60 s; 0.499 for the former
+    0.943 (balanced 0.954; valid 0.72, invalid 0.986). With the former policy preset that answered by
+    number (levels 4,6, 2,801 steps): 0.684 (balanced 0.676); 0.612 at 60 s; 0.499 for the former
     preset (50 steps of branching steps only), which called the expert's kind of step good and the
     policy's mistakes are not of that kind (300 steps of those: balanced 0.52 greedy). Rollouts on all
     10 levels instead of 2-6: balanced 0.59 greedy against 0.73 (levels 7-9's long failures dominate)."""
