@@ -171,8 +171,9 @@ ROLLOUT_PARALLEL = 16
 
 def _play_training(
     backend: Any,
-    envs_by_domain: dict[str, Any],
+    domains: list[str],
     *,
+    needs: str,
     episodes: int,
     levels: Iterable[int],
     seed: int,
@@ -181,10 +182,12 @@ def _play_training(
     max_steps: int = 40,
     expert: bool = False,
 ) -> Iterator[Any]:
-    """The episodes (`envs.play.PlayedEpisode`) `backend` plays on `episodes` training tasks of
-    `envs_by_domain`, drawn uniformly from `levels` (those the domain has)."""
+    """The episodes (`envs.play.PlayedEpisode`) `backend` plays on `episodes` training tasks of the
+    `domains` whose environment has the attribute `needs`, drawn uniformly from `levels` (those the
+    domain has); none where no domain has it."""
     from envs.play import play_tasks
 
+    envs_by_domain = {d: e for d, e in available_environments(domains).items() if hasattr(e, needs)}
     if not envs_by_domain:
         return
     rng = random.Random(seed)
@@ -213,12 +216,11 @@ def rollout_examples(
     """(good, bad) judge prompts of the steps `backend` plays on `episodes` training tasks (drawn
     uniformly from `levels`, those the domain has), labelled by the environment's
     `step_is_progress`; domains without one give none."""
-    envs_by_domain = {d: e for d, e in available_environments(domains).items()
-                      if hasattr(e, "step_is_progress")}  # fmt: skip
     good: list[str] = []
     bad: list[str] = []
-    played = _play_training(backend, envs_by_domain, episodes=episodes, levels=levels, seed=seed,
-                            temperature=temperature, max_tokens=max_tokens, max_steps=max_steps)  # fmt: skip
+    played = _play_training(backend, domains, needs="step_is_progress", episodes=episodes, levels=levels,
+                            seed=seed, temperature=temperature, max_tokens=max_tokens,
+                            max_steps=max_steps)  # fmt: skip
     for step in (s for e in played for s in e.steps):
         (good if step.progress else bad).append(step.judge_prompt)
     log.info("reward bootstrap: %d good and %d bad steps from %d rollouts", len(good), len(bad), episodes)
@@ -250,10 +252,8 @@ def visited_state_pairs(
 ) -> list[tuple[str, str]]:
     """(prompt, expert response) in every state `backend` reached on `episodes` training tasks, for the
     domains that have `expert_response`; the others give none."""
-    envs_by_domain = {d: e for d, e in available_environments(domains).items()
-                      if hasattr(e, "expert_response")}  # fmt: skip
-    played = _play_training(backend, envs_by_domain, episodes=episodes, levels=levels, seed=seed,
-                            temperature=temperature, max_tokens=max_tokens, max_steps=max_steps,
+    played = _play_training(backend, domains, needs="expert_response", episodes=episodes, levels=levels,
+                            seed=seed, temperature=temperature, max_tokens=max_tokens, max_steps=max_steps,
                             expert=True)  # fmt: skip
     pairs = [(s.prompt, s.expert) for e in played for s in e.steps if s.prompt is not None and s.expert]
     log.info("dagger: %d labelled states from %d episodes", len(pairs), episodes)
