@@ -124,12 +124,13 @@ class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
     expert-vs-mistake branching steps. Process accuracy on held-out steps of the policy preset with its
     DAgger round (`forgestream eval --reward-model preset --levels 8 --tasks 40 --modes none`: majority
     of m = 3 verdicts at T 0.8, 1,136 steps): 0.811 (balanced 0.812; its invalid steps 1.000, its valid
-    ones 0.589: the loop's weak point). Before the DAgger round (levels 6,8, rollouts at 4-8, 2,673 steps):
-    0.943 (balanced 0.954; valid 0.72, invalid 0.986). With the former policy preset that answered by
-    number (levels 4,6, 2,801 steps): 0.684 (balanced 0.676); 0.612 at 60 s; 0.499 for the former
-    preset (50 steps of branching steps only), which called the expert's kind of step good and the
-    policy's mistakes are not of that kind (300 steps of those: balanced 0.52 greedy). Rollouts on all
-    10 levels instead of 2-6: balanced 0.59 greedy against 0.73 (levels 7-9's long failures dominate)."""
+    ones 0.589; with 3/4 of the rollouts' bad examples valid-but-wrong, 0.602, not kept). Before the
+    DAgger round (levels 6,8, rollouts at 4-8, 2,673 steps): 0.943 (balanced 0.954; valid 0.72, invalid
+    0.986). With the former policy preset that answered by number (levels 4,6, 2,801 steps): 0.684
+    (balanced 0.676); 0.612 at 60 s; 0.499 for the former preset (50 steps of branching steps only),
+    which called the expert's kind of step good and the policy's mistakes are not of that kind (300
+    steps of those: balanced 0.52 greedy). Rollouts on all 10 levels instead of 2-6: balanced 0.59
+    greedy against 0.73 (levels 7-9's long failures dominate)."""
     bootstrap_rollouts: NonNegInt = 256
     """Tiny reward preset: training episodes the policy preset plays for its data (0 = branching steps only)."""
     bootstrap_rollout_levels: tuple[NonNegInt, ...] = (6, 7, 8, 9)
