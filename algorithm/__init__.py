@@ -16,6 +16,7 @@ from algorithm.rewards import (
     cure_test_raw,
     cure_test_rewards,
     integrated_rewards,
+    state_advantages,
     step_advantages,
     zscore,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "high_risk_steps",
     "integrated_rewards",
     "policy_loss",
+    "state_advantages",
     "step_advantages",
     "zscore",
 ]

@@ -66,6 +66,28 @@ def step_advantages(rewards: Sequence[Sequence[float]]) -> list[list[float]]:
     return advantages
 
 
+def state_advantages(
+    rewards: Sequence[Sequence[float]], states: Sequence[Sequence[str]]
+) -> list[list[float]]:
+    """Per-step advantages of a group with the state as the baseline instead of the step index.
+
+    `states[r][k]` names what rollout r's policy saw at step k (its prompt). The rewards of every step
+    of the group that saw the same state, whatever its index, are z-scored together (population std);
+    a state seen once, or whose rewards do not spread, gets advantage 0. Shape of `rewards`.
+    """
+    if [len(r) for r in rewards] != [len(s) for s in states]:
+        raise ValueError("states must have the shape of rewards")
+    at: dict[str, list[tuple[int, int]]] = {}
+    for r, row in enumerate(states):
+        for k, state in enumerate(row):
+            at.setdefault(state, []).append((r, k))
+    advantages = [[0.0] * len(r) for r in rewards]
+    for places in at.values():
+        for (r, k), a in zip(places, zscore([rewards[r][k] for r, k in places]), strict=True):
+            advantages[r][k] = a
+    return advantages
+
+
 def consistency_raw(step_reward: float, verdicts: Sequence[int]) -> list[float]:
     """Raw reward-model rewards of the m verdicts about one step, before the z-score.
 

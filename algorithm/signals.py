@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from algorithm.rewards import consistency_raw, integrated_rewards, step_advantages, zscore
+from algorithm.rewards import consistency_raw, integrated_rewards, state_advantages, step_advantages, zscore
 from algorithm.staleness import ZERO_ADVANTAGE_ATOL
 from algorithm.tasks import HIGH, LOW, group_accuracy
 
@@ -81,6 +81,7 @@ def group_signals(
     episode_weighting: bool = False,
     rm_outcome_balance: bool = False,
     scores: Scores | None = None,
+    states: Sequence[Sequence[str]] | None = None,
     atol: float = ZERO_ADVANTAGE_ATOL,
 ) -> GroupSignals:
     """Policy and reward-model targets of a whole group.
@@ -88,7 +89,9 @@ def group_signals(
     `outcomes[r]` is rollout r's outcome; `verdicts[r][k]` the m verdicts about its step k.
     `scores[r][k][j]`, when given and not None for every judgement of a step, is the raw reward of
     judgement j instead of the consistency reward. `rm_lam`, when given, is the λ of the step rewards
-    that the consistency reward uses (the policy's keep `lam`). A target is kept iff |advantage| > atol.
+    that the consistency reward uses (the policy's keep `lam`). `states[r][k]`, when given, names what
+    the policy saw at step k of rollout r, and the policy's advantages take the state as the baseline
+    (`state_advantages`) instead of the step index. A target is kept iff |advantage| > atol.
     """
     if len(outcomes) != len(verdicts):
         raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} rollouts' verdicts")
@@ -100,10 +103,14 @@ def group_signals(
     eligible = rm_acc_low <= accuracy <= rm_acc_high
     policy_eligible = policy_acc_low <= accuracy <= policy_acc_high
 
-    # --- policy: z-score per step index across the group ---
+    # --- policy: z-score per step index (or per state) across the group ---
     policy: list[PolicyTarget] = []
     policy_dropped = 0
-    advantages = step_advantages(step_rewards) if policy_eligible else []
+    advantages: list[list[float]] = []
+    if policy_eligible:
+        advantages = (
+            step_advantages(step_rewards) if states is None else state_advantages(step_rewards, states)
+        )
     steps = sum(len(row) for row in step_rewards)
     for r, row in enumerate(advantages):
         # episode weighting: each rollout weighs the same in total (its steps share the group's mean length)

@@ -29,6 +29,7 @@ def build_samples(
     outcomes = [j.trajectory.outcome for j in judged]
     verdicts = [[s.verdicts for s in j.steps] for j in judged]
     scores = [[[x.score for x in s.judgements] for s in j.steps] for j in judged]
+    states = [[s.prompt for s in j.trajectory.steps] for j in judged] if config.baseline == "state" else None
     signals = algorithm.group_signals(
         outcomes,
         verdicts,
@@ -41,6 +42,7 @@ def build_samples(
         episode_weighting=config.episode_weighting,
         rm_outcome_balance=config.rm_outcome_balance,
         scores=scores,
+        states=states,
     )
     policy: list[PolicySample] = []
     for target in signals.policy:

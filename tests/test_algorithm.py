@@ -24,6 +24,7 @@ from algorithm import (
     high_risk_steps,
     integrated_rewards,
     policy_loss,
+    state_advantages,
     step_advantages,
     zscore,
 )
@@ -71,6 +72,21 @@ def test_step_advantages_hand_computed() -> None:
     assert step_advantages(rewards) == [approx([-1.224745, 0.0, 0.0]), approx([1.224745, 0.0]), [0.0]]
     # two rollouts [1, 3]: mean 2, std 1 -> [-1, 1]
     assert step_advantages([[1.0], [3.0]]) == [[-1.0], [1.0]]
+
+
+def test_state_advantages_hand_computed() -> None:
+    rewards = [[0.0, 2.0, 0.0], [3.0, 1.0]]
+    states = [["a", "b", "c"], ["c", "a"]]
+    # "a" at (0,0) and (1,1): [0, 1], mean 0.5, std 0.5 -> [-1, 1]
+    # "c" at (0,2) and (1,0): [0, 3], mean 1.5, std 1.5 -> [-1, 1]; "b" seen once -> 0
+    assert state_advantages(rewards, states) == [[-1.0, 0.0, -1.0], [1.0, 1.0]]
+    # three visits of one state [0, 0, 3]: mean 1, std sqrt(6/3) = 1.414214 -> [-0.707107, -0.707107, 1.414214]
+    assert state_advantages([[0.0, 0.0], [3.0]], [["s", "s"], ["s"]]) == [
+        approx([-0.707107, -0.707107]),
+        approx([1.414214]),
+    ]
+    with pytest.raises(ValueError, match="shape"):
+        state_advantages([[1.0, 2.0]], [["a"]])
 
 
 def test_step_advantages_edges() -> None:

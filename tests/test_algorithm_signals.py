@@ -66,6 +66,26 @@ def test_group_signals_hand_computed() -> None:
     assert signals.reward_dropped_zero == 10
 
 
+def test_state_baseline_compares_steps_that_saw_the_same_prompt() -> None:
+    # R as above. States: r0 [a, b], r1 [a, c, b], r2 [d], r3 [a, b].
+    # a: [2, -1, -2] (r0 k0, r1 k0, r3 k0), mean -1/3, deviations [7/3, -2/3, -5/3], var 78/27,
+    #   std 1.699673 -> [1.372813, -0.392232, -0.980581]
+    # b: [1, -1.5, 0] (r0 k1, r1 k2, r3 k1), mean -1/6, deviations [7/6, -4/3, 1/6], var 114/108,
+    #   std 1.027402 -> [1.135550, -1.297771, 0.162221]
+    # c and d seen once -> 0, dropped
+    signals = group_signals(OUTCOMES, VERDICTS, states=[["a", "b"], ["a", "c", "b"], ["d"], ["a", "b"]])
+    got = [(t.rollout, t.step, t.reward, t.advantage) for t in signals.policy]
+    assert got == [
+        (0, 0, 2.0, approx(1.372813)),
+        (0, 1, 1.0, approx(1.135550)),
+        (1, 0, -1.0, approx(-0.392232)),
+        (1, 2, -1.5, approx(-1.297771)),
+        (3, 0, -2.0, approx(-0.980581)),
+        (3, 1, 0.0, approx(0.162221, abs=1e-6)),
+    ]
+    assert signals.policy_dropped_zero == 2
+
+
 def test_reward_model_lambda_lets_the_verdicts_outvote_the_outcome() -> None:
     """rm_lam changes only the reward model's consistency reward: with m = 3 and λ = 1 a failed
     rollout's 2-1 "good" majority is taught "bad" (the outcome); with rm_lam 3.5 the majority wins."""

@@ -133,6 +133,25 @@ def test_build_samples_matches_hand_computed_numbers() -> None:
     assert (rm.prompt_token_ids, rm.reward_version) == ([2, 0, 1], 2)
 
 
+def test_state_baseline_compares_every_step_from_the_same_prompt() -> None:
+    """baseline "state": every step of group A saw prompt "p", so all six R = [2, 1, 2], [0, -2], [-1.5]
+    are z-scored together: mean 0.25, population var 14.875 / 6, std 1.574537, and step (0, 2), which
+    the step index drops (reached by one rollout), trains too."""
+    group = signals.Group("A", 3, TASK, opened_at=0.0)
+    group.rollouts = {j.trajectory.rollout_index: j for j in group_a()}
+    config = SignalsConfig(episode_weighting=False, rm_lam=1.0, baseline="state")
+    policy, reward, _ = build_samples(group.request_id, group.ordered(), config)
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == {
+        "A/0/0": (2.0, 1.111438),
+        "A/0/1": (1.0, 0.476331),
+        "A/0/2": (2.0, 1.111438),
+        "A/1/0": (0.0, -0.158777),
+        "A/1/1": (-2.0, -1.428992),
+        "A/2/0": (-1.5, -1.111438),
+    }
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD  # unchanged
+
+
 def test_default_weighs_every_episode_the_same() -> None:
     """Episode weighting (the default): a rollout's advantages times 6 steps / (3 rollouts * its length),
     so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards unchanged. The reward model's R uses
