@@ -130,23 +130,28 @@ def judge_steps(
 
 
 def oracle_steps(
-    env: Environment, trajectory: Trajectory, m: int, *, explore: bool = False
+    env: Environment, trajectory: Trajectory, m: int, *, mode: str = "oracle"
 ) -> list[StepJudgement]:
-    """`judge.verdicts = "oracle"`: m copies of the environment's own label of each step (+1 progress,
-    -1 not, 0 where the domain has no labels or the replay ended), with no tokens. `explore`
-    ("oracle-explore"): a step the environment says explores (`step_explores`) is progress too."""
-    explores = getattr(env, "step_explores", None) if explore else None
+    """The oracle ablations (`judge.verdicts`): m copies of a verdict from the environment, no tokens.
+    "oracle": its own label of each step (+1 progress, -1 not, 0 where the domain has no labels or the
+    replay ended); "oracle-explore": a step the environment says explores (`step_explores`) is progress
+    too; "oracle-valid": the label for valid answers, 0 for invalid ones (the plan alone);
+    "oracle-invalid": -1 for an invalid answer, 0 for every valid one (the format alone)."""
+    explores = getattr(env, "step_explores", None) if mode == "oracle-explore" else None
     episode = env.reset(trajectory.task)
     history: list[str] = []
     out = []
     for step in trajectory.steps:
-        label = None
+        verdict = 0
         if not episode.done:
             searching = explores is not None and explores(trajectory.task, history, step.response)
-            _, label = step_with_label(env, episode, trajectory.task, history, step.response)
-            label = True if searching else label
+            result, label = step_with_label(env, episode, trajectory.task, history, step.response)
+            verdict = label_verdict(True if searching else label)
+            if mode == "oracle-valid" and not result.valid_action:
+                verdict = 0
+            elif mode == "oracle-invalid":
+                verdict = 0 if result.valid_action else -1
         history.append(step.response)
-        verdict = label_verdict(label)
         oracle = Judgement(verdict=verdict, prompt_token_ids=[], response_token_ids=[], behaviour_logprobs=[],
                            text="oracle")  # fmt: skip
         out.append(StepJudgement(step_index=step.index, judgements=[oracle] * m))
@@ -167,7 +172,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             environment's labels, for the oracle ablations: no model, reward version 0)."""
             env = shared_environment(trajectory.task.domain)
             if serving is None:
-                steps = oracle_steps(env, trajectory, cfg.m, explore=cfg.verdicts == "oracle-explore")
+                steps = oracle_steps(env, trajectory, cfg.m, mode=cfg.verdicts)
                 return JudgedTrajectory(
                     trajectory=trajectory, steps=steps, reward_version=0, judge_id=judge_id
                 )

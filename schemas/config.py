@@ -187,13 +187,15 @@ class JudgeConfig(Config, frozen=True, kw_only=True):
     """Verdicts per step (paper: 3)."""
     temperature: Annotated[float, Meta(ge=0.0, le=5.0)] = 0.8
     max_new_tokens: PosInt = 24
-    verdicts: Literal["model", "oracle", "oracle-explore"] = "model"
+    verdicts: Literal["model", "oracle", "oracle-explore", "oracle-invalid", "oracle-valid"] = "model"
     """`oracle`: an ablation, not the paper's loop. The m verdicts of a step are the environment's own
     step label (`step_is_progress`: household, TextWorld; 0 where a domain has none) instead of the
     reward model's: what the policy learns from a free process reward. No reward model is loaded and
     the verdicts carry no tokens, so run it `--without reward-learner`. `oracle-explore`: the same,
     and a search step (`step_explores`: household) counts as progress; the hindsight label alone calls
-    it a detour, because the oracle knows which closed receptacle holds the object."""
+    it a detour, because the oracle knows which closed receptacle holds the object. `oracle-invalid`:
+    -1 for an invalid answer, 0 for a valid one (what the defaults' reward model reliably knows);
+    `oracle-valid`: the label for valid answers, 0 for invalid ones."""
     follow_weights: bool = True
     """Load each newer reward-model version between trajectories. False pins the judges to the preset
     while the reward learner still trains and publishes: a shadow reward model, to be measured

@@ -84,6 +84,13 @@ def test_oracle_verdicts_are_the_environments_step_labels() -> None:
     assert [s.step_index for s in judged] == list(range(len(steps)))
     assert [s.verdicts for s in judged] == [[-1, -1, -1]] + [[1, 1, 1]] * len(good.steps)
     assert all(j.response_token_ids == [] and j.text == "oracle" for s in judged for j in s.judgements)
+    # the format alone: only the invalid answer is bad; the plan alone: the invalid answer is neutral
+    invalid_only = judge.oracle_steps(
+        ENV, msgspec.structs.replace(good, steps=steps), 1, mode="oracle-invalid"
+    )
+    assert [s.verdicts for s in invalid_only] == [[-1]] + [[0]] * len(good.steps)
+    valid_only = judge.oracle_steps(ENV, msgspec.structs.replace(good, steps=steps), 1, mode="oracle-valid")
+    assert [s.verdicts for s in valid_only] == [[0]] + [[1]] * len(good.steps)
 
 
 def test_oracle_explore_counts_a_search_step_as_progress() -> None:
@@ -95,7 +102,7 @@ def test_oracle_explore_counts_a_search_step_as_progress() -> None:
         request_id="x", rollout_index=0, group_size=1, task=task, steps=[search], outcome=-1
     )
     assert judge.oracle_steps(ENV, trajectory, 1)[0].verdicts == [-1]
-    assert judge.oracle_steps(ENV, trajectory, 1, explore=True)[0].verdicts == [1]
+    assert judge.oracle_steps(ENV, trajectory, 1, mode="oracle-explore")[0].verdicts == [1]
 
 
 def unit_tests(*tests: tuple[str, str]) -> Completion:
