@@ -82,6 +82,7 @@ def group_signals(
     rm_outcome_balance: bool = False,
     scores: Scores | None = None,
     states: Sequence[Sequence[str]] | None = None,
+    unjudged: Sequence[Sequence[bool]] | None = None,
     atol: float = ZERO_ADVANTAGE_ATOL,
 ) -> GroupSignals:
     """Policy and reward-model targets of a whole group.
@@ -91,13 +92,19 @@ def group_signals(
     judgement j instead of the consistency reward. `rm_lam`, when given, is the λ of the step rewards
     that the consistency reward uses (the policy's keep `lam`). `states[r][k]`, when given, names what
     the policy saw at step k of rollout r, and the policy's advantages take the state as the baseline
-    (`state_advantages`) instead of the step index. A target is kept iff |advantage| > atol.
+    (`state_advantages`) instead of the step index. `unjudged[r][k]` True keeps that step's verdicts out
+    of the policy's R (it is the outcome alone); the reward model still learns from them. A target is
+    kept iff |advantage| > atol.
     """
     if len(outcomes) != len(verdicts):
         raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} rollouts' verdicts")
     accuracy = group_accuracy(outcomes)
-    step_rewards = [integrated_rewards(o, v, lam) for o, v in zip(outcomes, verdicts, strict=True)]
-    rm_step_rewards = step_rewards
+    judged_rewards = [integrated_rewards(o, v, lam) for o, v in zip(outcomes, verdicts, strict=True)]
+    rm_step_rewards = judged_rewards
+    step_rewards = judged_rewards
+    if unjudged is not None:
+        step_rewards = [[float(o) if skip else reward for reward, skip in zip(row, marks, strict=True)]
+                        for o, row, marks in zip(outcomes, judged_rewards, unjudged, strict=True)]  # fmt: skip
     if rm_lam is not None and rm_lam != lam:
         rm_step_rewards = [integrated_rewards(o, v, rm_lam) for o, v in zip(outcomes, verdicts, strict=True)]
     eligible = rm_acc_low <= accuracy <= rm_acc_high

@@ -43,6 +43,9 @@ def build_samples(
         rm_outcome_balance=config.rm_outcome_balance,
         scores=scores,
         states=states,
+        unjudged=None
+        if config.judge_invalid_steps
+        else [[not s.valid_action for s in j.trajectory.steps] for j in judged],
     )
     policy: list[PolicySample] = []
     for target in signals.policy:

@@ -86,6 +86,19 @@ def test_state_baseline_compares_steps_that_saw_the_same_prompt() -> None:
     assert signals.policy_dropped_zero == 2
 
 
+def test_unjudged_steps_get_the_outcome_alone_in_the_policys_reward() -> None:
+    # r1's step 1 unjudged: its R is O = -1 instead of -2. Step 1: [1, -1, 0] (r0, r1, r3), mean 0,
+    # var 2/3, std 0.816497 -> [1.224745, -1.224745, 0 (dropped)]; step 0 and the reward model unchanged
+    unjudged = [[False, False], [False, True, False], [False], [False, False]]
+    signals = group_signals(OUTCOMES, VERDICTS, unjudged=unjudged)
+    plain = group_signals(OUTCOMES, VERDICTS)
+    assert signals.step_rewards[1] == [-1.0, -1.0, -1.5]
+    step_1 = [(t.rollout, t.advantage) for t in signals.policy if t.step == 1]
+    assert step_1 == [(0, approx(1.224745)), (1, approx(-1.224745))]
+    assert [t for t in signals.policy if t.step == 0] == [t for t in plain.policy if t.step == 0]
+    assert signals.reward == plain.reward
+
+
 def test_reward_model_lambda_lets_the_verdicts_outvote_the_outcome() -> None:
     """rm_lam changes only the reward model's consistency reward: with m = 3 and λ = 1 a failed
     rollout's 2-1 "good" majority is taught "bad" (the outcome); with rm_lam 3.5 the majority wins."""

@@ -152,6 +152,21 @@ def test_state_baseline_compares_every_step_from_the_same_prompt() -> None:
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD  # unchanged
 
 
+def test_verdicts_on_invalid_answers_can_stay_out_of_the_policys_reward() -> None:
+    """judge_invalid_steps False: rollout 1's step 1, an invalid answer, gets R = O = -1 instead of -2."""
+    rollouts = group_a()
+    steps = list(rollouts[1].trajectory.steps)
+    steps[1] = msgspec.structs.replace(steps[1], valid_action=False)
+    rollouts[1] = msgspec.structs.replace(
+        rollouts[1], trajectory=msgspec.structs.replace(rollouts[1].trajectory, steps=steps)
+    )
+    config = SignalsConfig(episode_weighting=False, rm_lam=1.0, judge_invalid_steps=False)
+    policy, reward, signals_ = build_samples("A", rollouts, config)
+    assert signals_.step_rewards[1] == [0.0, -1.0]
+    assert {s.sample_key: s.reward for s in policy.samples}["A/1/1"] == -1.0
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD  # unchanged
+
+
 def test_default_weighs_every_episode_the_same() -> None:
     """Episode weighting (the default): a rollout's advantages times 6 steps / (3 rollouts * its length),
     so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards unchanged. The reward model's R uses
