@@ -30,6 +30,12 @@ def build_samples(
     verdicts = [[s.verdicts for s in j.steps] for j in judged]
     scores = [[[x.score for x in s.judgements] for s in j.steps] for j in judged]
     states = [[s.prompt for s in j.trajectory.steps] for j in judged] if config.baseline == "state" else None
+    # the steps whose verdicts stay out of the policy's R: invalid answers, when the config says so
+    invalid = (
+        None
+        if config.judge_invalid_steps
+        else [[not s.valid_action for s in j.trajectory.steps] for j in judged]
+    )
     signals = algorithm.group_signals(
         outcomes,
         verdicts,
@@ -43,9 +49,7 @@ def build_samples(
         rm_outcome_balance=config.rm_outcome_balance,
         scores=scores,
         states=states,
-        unjudged=None
-        if config.judge_invalid_steps
-        else [[not s.valid_action for s in j.trajectory.steps] for j in judged],
+        unjudged=invalid,
     )
     policy: list[PolicySample] = []
     for target in signals.policy:
