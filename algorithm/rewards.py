@@ -8,7 +8,7 @@ at most `STD_EPS` as no spread: the whole set then gets advantage 0. Verdicts ar
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 STD_EPS = 1e-8  # a standard deviation at or below this is treated as zero: no signal
 VALID_VERDICTS = (1, -1, 0)
@@ -57,13 +57,7 @@ def step_advantages(rewards: Sequence[Sequence[float]]) -> list[list[float]]:
     rewards do not spread (std <= STD_EPS), gets advantage 0. The result has the shape of
     `rewards`.
     """
-    advantages = [[0.0] * len(r) for r in rewards]
-    longest = max((len(r) for r in rewards), default=0)
-    for k in range(longest):
-        reached = [r for r in range(len(rewards)) if len(rewards[r]) > k]
-        for r, a in zip(reached, zscore([rewards[r][k] for r in reached]), strict=True):
-            advantages[r][k] = a
-    return advantages
+    return _zscore_by_key(rewards, [list(range(len(row))) for row in rewards])
 
 
 def state_advantages(
@@ -77,10 +71,17 @@ def state_advantages(
     """
     if [len(r) for r in rewards] != [len(s) for s in states]:
         raise ValueError("states must have the shape of rewards")
-    at: dict[str, list[tuple[int, int]]] = {}
-    for r, row in enumerate(states):
-        for k, state in enumerate(row):
-            at.setdefault(state, []).append((r, k))
+    return _zscore_by_key(rewards, states)
+
+
+def _zscore_by_key(
+    rewards: Sequence[Sequence[float]], keys: Sequence[Sequence[Hashable]]
+) -> list[list[float]]:
+    """z-score together the rewards whose `keys[r][k]` are equal; shape of `rewards`."""
+    at: dict[Hashable, list[tuple[int, int]]] = {}
+    for r, row in enumerate(keys):
+        for k, key in enumerate(row):
+            at.setdefault(key, []).append((r, k))
     advantages = [[0.0] * len(r) for r in rewards]
     for places in at.values():
         for (r, k), a in zip(places, zscore([rewards[r][k] for r, k in places]), strict=True):
