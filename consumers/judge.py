@@ -41,7 +41,7 @@ from envs.play import label_verdict, step_with_label
 from infra.bus import Bus, Record
 from pipeline.serving import load_serving_model
 from schemas import topics
-from schemas.config import RunConfig
+from schemas.config import RunConfig, VerdictSource
 from schemas.events import JudgedTrajectory, Judgement, StepJudgement, Trajectory
 
 log = logging.getLogger("forgestream.judge")
@@ -130,7 +130,7 @@ def judge_steps(
 
 
 def oracle_steps(
-    env: Environment, trajectory: Trajectory, m: int, *, mode: str = "oracle"
+    env: Environment, trajectory: Trajectory, m: int, *, mode: VerdictSource = "oracle"
 ) -> list[StepJudgement]:
     """The oracle ablations (`judge.verdicts`): m copies of a verdict from the environment, no tokens.
     "oracle": its own label of each step (+1 progress, -1 not, 0 where the domain has no labels or the

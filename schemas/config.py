@@ -182,12 +182,16 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     version waits; it is loaded once the running episodes end (one version per episode, less throughput)."""
 
 
+VerdictSource = Literal["model", "oracle", "oracle-explore", "oracle-invalid", "oracle-valid"]
+"""Where a step's verdicts come from: the reward model, or one of the environment-label ablations."""
+
+
 class JudgeConfig(Config, frozen=True, kw_only=True):
     m: Annotated[int, Meta(ge=1, le=64)] = 3
     """Verdicts per step (paper: 3)."""
     temperature: Annotated[float, Meta(ge=0.0, le=5.0)] = 0.8
     max_new_tokens: PosInt = 24
-    verdicts: Literal["model", "oracle", "oracle-explore", "oracle-invalid", "oracle-valid"] = "model"
+    verdicts: VerdictSource = "model"
     """`oracle`: an ablation, not the paper's loop. The m verdicts of a step are the environment's own
     step label (`step_is_progress`: household, TextWorld; 0 where a domain has none) instead of the
     reward model's: what the policy learns from a free process reward. No reward model is loaded and
