@@ -6,7 +6,8 @@ demonstrations (policy: then `bootstrap_dagger_rounds` DAgger rounds on the stat
 or on labelled judge prompts (reward: most from the tiny policy preset's own rollouts on training
 tasks, see `rollout_policy_config`). Cached by `infra.models.presets.build_once` under a key that
 hashes everything the build depends on (architecture, role, seed, SFT steps, the DAgger rounds, a
-fingerprint of the training data). Reproducible from the seed: the SFT length is a step count derived
+fingerprint of the training data). Reproducible from the seed on one instruction set of torch's CPU
+kernels (the Makefile pins AVX2; `bootstrap.json` records it): the SFT length is a step count derived
 from `bootstrap_sft_seconds` with a fixed reference step time, not a wall-clock budget.
 
 Importing this module registers the recipe, so `prepare_preset` (and every loader) knows `tiny`:
@@ -80,6 +81,8 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     rollout_policy = None
     if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
         rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)
+        from learners import bootstrap
+
         parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
                   "rollout_policy": rollout_policy.name}  # fmt: skip
     return build_once(
@@ -195,7 +198,9 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
     if role == "policy" and dagger_steps(model) > 0:
         data["dagger"] = [_dagger_round(net, tokenizer, model, domains, out, r)
                           for r in range(model.bootstrap_dagger_rounds)]  # fmt: skip
-    report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer), **report, **data}
+    # the kernels' instruction set decides the float rounding, and so the weights (the Makefile pins it)
+    report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), **report, **data}  # fmt: skip
     (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
 
 

@@ -84,6 +84,7 @@ def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
     assert report["steps"] == 8 and report["final_loss"] < report["first_loss"]
     # one DAgger round: a third of the 8 steps, on the states 2 episodes of its own reached
     assert [r["steps"] for r in report["dagger"]] == [3] and report["dagger"][0]["states"] > 0
+    assert report["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # what decided the weights
     assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))
     model, tok = load_trainable(TINY, role="policy", workdir=WORKDIR)
     assert model.config.tie_word_embeddings and model.config.hidden_size == 128
