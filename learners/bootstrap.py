@@ -3,11 +3,12 @@
 - `corpus_texts`: prompts, oracle responses and verdict-labelled judge prompts of the bootstrap
   domains (the tokenizer's training text).
 - `policy_pairs`: (episode prompt, oracle response) along oracle trajectories.
-- `reward_pairs`: (judge prompt, `\\boxed{1}` / `\\boxed{-1}`), labels balanced, from two sources:
+- `reward_pairs`: (judge prompt, `\\boxed{1}` / `\\boxed{-1}`) from two sources:
   branching steps (replay the oracle for k steps, then take either the oracle's next response or
   another plausible one; the label is `env.step_is_progress(task, history, response)` when the env
-  has it, else "equals the oracle's next response"), and, given `rollouts`, the steps a policy
-  played on training tasks (`rollout_examples`), labelled by the environment, ROLLOUT_SHARE of all.
+  has it, else "equals the oracle's next response"; labels balanced), and, given `rollouts`, the
+  steps a policy played on training tasks (`rollout_examples`), labelled by the environment, drawn in
+  the share they were played, ROLLOUT_SHARE of all.
 - `visited_state_pairs`: (prompt, expert response) in the states a policy reached on training tasks
   (DAgger's data; `mixed_pairs` mixes them with demonstrations).
 - `sft`: loss on answer tokens only, batch 32, AdamW lr 2e-3 decaying linearly to 10 %, seeded.
@@ -166,6 +167,11 @@ def _judge_example(
 # the labels no better than chance (balanced 0.54; with 3/4 of its data from the policy's own
 # rollouts, 0.73).
 ROLLOUT_SHARE = 0.75
+# The rollouts' steps are drawn as played (about 3 bad to 1 good on the band), not half and half: a
+# judge trained on balanced labels says "good" for its prior's sake on the valid steps it cannot
+# tell apart, and the policy's steps are mostly bad (the preset built with balanced draws said good
+# to 0.48 of held-out level-8 steps labelled good 0.29). Part of the reward preset's key.
+ROLLOUT_DRAW = "as played"
 ROLLOUT_PARALLEL = 16
 
 
@@ -272,16 +278,16 @@ def mixed_pairs(
 def reward_pairs(
     domains: list[str], *, seed: int, rollouts: tuple[list[str], list[str]] | None = None
 ) -> Iterator[tuple[str, str]]:
-    """Endless (judge prompt, verdict) pairs, half good steps and half bad ones. With `rollouts`
-    ((good, bad) prompts from `rollout_examples`), ROLLOUT_SHARE of them are drawn from those."""
+    """Endless (judge prompt, verdict) pairs: branching steps, half good and half bad, and with
+    `rollouts` ((good, bad) prompts from `rollout_examples`) ROLLOUT_SHARE of them drawn from those,
+    good and bad in the share the policy played them (ROLLOUT_DRAW)."""
     expert = _branching_pairs(domains, seed=seed)
     rng = random.Random(seed + 1)
     good, bad = rollouts if rollouts is not None else ([], [])
-    want = 1
     while True:
         if good and bad and rng.random() < ROLLOUT_SHARE:
-            yield (rng.choice(good), GOOD) if want == 1 else (rng.choice(bad), BAD)
-            want = -want
+            pick = rng.randrange(len(good) + len(bad))
+            yield (good[pick], GOOD) if pick < len(good) else (bad[pick - len(good)], BAD)
         else:
             yield next(expert)
 

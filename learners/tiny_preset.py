@@ -84,7 +84,7 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
         from learners import bootstrap
 
         parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
-                  "rollout_policy": rollout_policy.name}  # fmt: skip
+                  "rollout_policy": rollout_policy.name, "rollout_draw": bootstrap.ROLLOUT_DRAW}  # fmt: skip
     return build_once(
         root / f"tiny-{role}-{cache_key(parts)}",
         lambda out: _build_tiny(model, role, out, root, rollout_policy),

@@ -219,16 +219,19 @@ def test_reward_pairs_are_balanced_and_labelled_by_the_oracle():
     assert all("## The agent's current step" in p for p, _ in pairs)
 
 
-def test_reward_pairs_draw_three_quarters_from_rollouts_and_stay_balanced():
+def test_reward_pairs_draw_three_quarters_from_rollouts_in_the_share_they_were_played():
     import itertools
 
     good = [f"rollout good {i}" for i in range(5)]
-    bad = [f"rollout bad {i}" for i in range(7)]
+    bad = [f"rollout bad {i}" for i in range(15)]
     pairs = list(itertools.islice(reward_pairs(["household"], seed=3, rollouts=(good, bad)), 2000))
     from_rollouts = [(p, v) for p, v in pairs if p.startswith("rollout")]
+    branching = [(p, v) for p, v in pairs if not p.startswith("rollout")]
     assert 0.70 <= len(from_rollouts) / len(pairs) <= 0.80  # ROLLOUT_SHARE = 0.75
     assert all((v == GOOD) == (p in good) for p, v in from_rollouts)  # each keeps its own label
-    assert abs(sum(v == GOOD for _, v in pairs) - 1000) <= 2  # balanced overall
+    # 5 good of 20 played: a quarter of the rollout draws are good (std 0.011 over ~1,500), not half
+    assert 0.21 <= sum(v == GOOD for _, v in from_rollouts) / len(from_rollouts) <= 0.29
+    assert abs(2 * sum(v == GOOD for _, v in branching) - len(branching)) <= 1  # branching: balanced
     assert list(itertools.islice(reward_pairs(["household"], seed=3, rollouts=([], [])), 8)) == list(
         itertools.islice(reward_pairs(["household"], seed=3), 8)
     )  # no rollouts: the branching steps alone
@@ -333,14 +336,17 @@ def _default_policy_on_its_band() -> dict[str, float]:
 def test_default_tiny_reward_model_is_informative_on_the_policy_presets_steps():
     """The default reward preset judges the policy preset's held-out steps better than chance, on
     good and on bad steps alike (the former preset, trained on expert-vs-detour steps only, scored a
-    balanced 0.50-0.54 here: it called the expert's kind of step good, and the policy's are not)."""
+    balanced 0.50-0.54 here: it called the expert's kind of step good, and the policy's are not), and
+    says "good" about as often as the labels do. On 40 tasks (~1,200 steps, the README's eval): 12
+    tasks (~380 steps of 12 episodes) put the share it says good 0.05 above the 40 tasks' on both
+    builds measured."""
     from pipeline.evaluation import play_heldout, process_accuracy
     from schemas.config import RunConfig
 
     run = RunConfig()
     policy = load_backend(run.policy_model, role="policy", workdir=WORKDIR)
     judge = load_backend(run.reward_model, role="reward", workdir=WORKDIR)
-    played = play_heldout(policy, "household", run.scheduler.seed_difficulty, 12,
+    played = play_heldout(policy, "household", run.scheduler.seed_difficulty, 40,
                           temperature=run.policy_model.temperature, max_tokens=run.policy_model.max_new_tokens)  # fmt: skip
     steps = [s for e in played for s in e.steps]
     result = process_accuracy(judge, steps, m=1, temperature=0.0, max_tokens=run.judge.max_new_tokens)
