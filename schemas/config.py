@@ -120,17 +120,21 @@ class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
     max_new_tokens: PosInt = 24
     bootstrap_sft_seconds: NonNegFloat = 120.0
     """Tiny preset: 120 s (200 steps, ~6 min here), 3/4 of them on judge prompts of `bootstrap_rollouts`
-    episodes the tiny policy preset played on training tasks, labelled by the environment, 1/4 on
-    expert-vs-mistake branching steps. Process accuracy on held-out steps of the policy preset with its
-    DAgger round (`forgestream eval --reward-model preset --levels 8 --tasks 40 --modes none`: majority
-    of m = 3 verdicts at T 0.8, 1,136 steps): 0.811 (balanced 0.812; its invalid steps 1.000, its valid
-    ones 0.589; with 3/4 of the rollouts' bad examples valid-but-wrong, 0.602, not kept). Before the
-    DAgger round (levels 6,8, rollouts at 4-8, 2,673 steps): 0.943 (balanced 0.954; valid 0.72, invalid
-    0.986). With the former policy preset that answered by number (levels 4,6, 2,801 steps): 0.684
-    (balanced 0.676); 0.612 at 60 s; 0.499 for the former preset (50 steps of branching steps only),
-    which called the expert's kind of step good and the policy's mistakes are not of that kind (300
-    steps of those: balanced 0.52 greedy). Rollouts on all 10 levels instead of 2-6: balanced 0.59
-    greedy against 0.73 (levels 7-9's long failures dominate)."""
+    episodes the tiny policy preset played on training tasks, labelled by the environment and drawn in
+    the share they were played (about 3 bad to 1 good), 1/4 on expert-vs-mistake branching steps.
+    Process accuracy on held-out steps of the policy preset with its DAgger round (`forgestream eval
+    --reward-model preset --levels 8 --tasks 40 --modes none`: majority of m = 3 verdicts at T 0.8,
+    1,207 steps): 0.814 (balanced 0.789; invalid steps 1.000, valid ones 0.577), saying good to 0.31
+    of steps labelled good 0.27; with the rollouts drawn half good, half bad: 0.816 (balanced 0.839,
+    valid 0.602), saying good to 0.39. Earlier, on the AVX-512 build (1,136 steps): 0.811 (balanced
+    0.812; its invalid steps 1.000, its valid ones 0.589; with 3/4 of the rollouts' bad examples
+    valid-but-wrong, 0.602, not kept). Before the DAgger round (levels 6,8, rollouts at 4-8, 2,673
+    steps): 0.943 (balanced 0.954; valid 0.72, invalid 0.986). With the former policy preset that
+    answered by number (levels 4,6, 2,801 steps): 0.684 (balanced 0.676); 0.612 at 60 s; 0.499 for the
+    former preset (50 steps of branching steps only), which called the expert's kind of step good and
+    the policy's mistakes are not of that kind (300 steps of those: balanced 0.52 greedy). Rollouts on
+    all 10 levels instead of 2-6: balanced 0.59 greedy against 0.73 (levels 7-9's long failures
+    dominate)."""
     bootstrap_rollouts: NonNegInt = 256
     """Tiny reward preset: training episodes the policy preset plays for its data (0 = branching steps only)."""
     bootstrap_rollout_levels: tuple[NonNegInt, ...] = (6, 7, 8, 9)
