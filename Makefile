@@ -35,7 +35,7 @@ $(NPM_PREFIX)/node_modules/.bin/s3rver:
 	mkdir -p $(NPM_PREFIX)
 	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund s3rver
 
-# The default policy / reward presets (bootstrap SFT, ~5 min once, then cached in FORGESTREAM_HOME):
+# The default policy / reward presets (bootstrap SFT and DAgger, ~34 min once here, then cached in FORGESTREAM_HOME):
 # built before the tests so that no test's timed wait includes a model build.
 presets: setup
 	$(VENV)/bin/forgestream prepare

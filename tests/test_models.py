@@ -338,8 +338,8 @@ def test_default_tiny_reward_model_is_informative_on_the_policy_presets_steps():
     good and on bad steps alike (the former preset, trained on expert-vs-detour steps only, scored a
     balanced 0.50-0.54 here: it called the expert's kind of step good, and the policy's are not), and
     says "good" about as often as the labels do. On 40 tasks (~1,200 steps, the README's eval): 12
-    tasks (~380 steps of 12 episodes) put the share it says good 0.05 above the 40 tasks' on both
-    builds measured."""
+    tasks (~380 steps of 12 episodes) put the share it says good 0.02-0.05 above the 40 tasks' in the
+    three presets measured."""
     from pipeline.evaluation import play_heldout, process_accuracy
     from schemas.config import RunConfig
 
