@@ -320,16 +320,23 @@ def test_default_tiny_policy_answers_in_format_on_its_band():
     assert summary["invalid_rate"] <= 0.1, summary
 
 
-@functools.cache
 def _default_policy_on_its_band() -> dict[str, float]:
-    from pipeline.evaluation import play_heldout, summarize_policy
+    from pipeline.evaluation import summarize_policy
+
+    return summarize_policy(_default_policy_played_on_its_band())
+
+
+@functools.cache
+def _default_policy_played_on_its_band() -> list:
+    """The default policy preset's episodes on 40 held-out tasks of its band, played once for the tests
+    of the policy and of the reward model that judges its steps."""
+    from pipeline.evaluation import play_heldout
     from schemas.config import RunConfig
 
     run = RunConfig()
     b = load_backend(run.policy_model, role="policy", workdir=WORKDIR)
-    played = play_heldout(b, "household", run.scheduler.seed_difficulty, 40, temperature=run.policy_model.temperature,
-                          max_tokens=run.policy_model.max_new_tokens)  # fmt: skip
-    return summarize_policy(played)
+    return play_heldout(b, "household", run.scheduler.seed_difficulty, 40, temperature=run.policy_model.temperature,
+                        max_tokens=run.policy_model.max_new_tokens)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -340,15 +347,12 @@ def test_default_tiny_reward_model_is_informative_on_the_policy_presets_steps():
     says "good" about as often as the labels do. On 40 tasks (~1,200 steps, the README's eval): 12
     tasks (~380 steps of 12 episodes) put the share it says good 0.02-0.05 above the 40 tasks' in the
     three presets measured."""
-    from pipeline.evaluation import play_heldout, process_accuracy
+    from pipeline.evaluation import process_accuracy
     from schemas.config import RunConfig
 
     run = RunConfig()
-    policy = load_backend(run.policy_model, role="policy", workdir=WORKDIR)
     judge = load_backend(run.reward_model, role="reward", workdir=WORKDIR)
-    played = play_heldout(policy, "household", run.scheduler.seed_difficulty, 40,
-                          temperature=run.policy_model.temperature, max_tokens=run.policy_model.max_new_tokens)  # fmt: skip
-    steps = [s for e in played for s in e.steps]
+    steps = [s for e in _default_policy_played_on_its_band() for s in e.steps]
     result = process_accuracy(judge, steps, m=1, temperature=0.0, max_tokens=run.judge.max_new_tokens)
     assert result["steps"] >= 100 and result["unparseable"] == 0.0, result
     assert result["balanced_accuracy"] >= 0.62, result
