@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import Environment, StepResult
+from envs.base import Environment, StepResult, parse_choice
 from envs.judging import judge_prompt
 
 
@@ -58,6 +58,18 @@ def step_with_label(
     return result, (own() if own is not None else label)
 
 
+def first_valid(episode: Any, answers: list[Any]) -> Any:
+    """The first of `answers` (completions with a `.text`) that names one of the episode's listed
+    actions, else the first: what a policy that never answered out of format would have played."""
+    listed = getattr(episode, "admissible", None)
+    if listed is None:
+        raise ValueError(
+            f"{type(episode).__name__} lists no actions: redrawing invalid answers needs admissible()"
+        )
+    actions = listed()
+    return next((a for a in answers if parse_choice(a.text, actions) is not None), answers[0])
+
+
 def play_tasks(
     backend: Any,
     env: Environment,
@@ -68,9 +80,12 @@ def play_tasks(
     max_steps: int,
     seed: int,
     expert: bool = False,
+    redraw: int = 1,
 ) -> list[PlayedEpisode]:
     """Play `tasks` side by side (one generate call per turn); generation seed `seed + turn`. With
-    `expert`, each step also records its prompt and the env's `expert_response` from that state."""
+    `expert`, each step also records its prompt and the env's `expert_response` from that state. With
+    `redraw` > 1 each turn samples that many answers and plays the first valid one (`first_valid`): the
+    policy conditioned on answering in format, its own preferences among the listed actions kept."""
     ask = getattr(env, "expert_response", None) if expert else None
     episodes = [env.reset(t) for t in tasks]
     records = [PlayedEpisode(level=t.difficulty, outcome=-1) for t in tasks]
@@ -80,9 +95,13 @@ def play_tasks(
         if not live:
             break
         prompts = [episodes[i].prompt() for i in live]
-        outs = backend.generate(prompts, temperature=temperature, max_tokens=max_tokens, seed=seed + turn)
+        outs = backend.generate(
+            prompts, n=redraw, temperature=temperature, max_tokens=max_tokens, seed=seed + turn
+        )
         for i, prompt, group in zip(live, prompts, outs, strict=True):
-            response, episode = group[0].text, episodes[i]
+            episode = episodes[i]
+            answer = first_valid(episode, group) if redraw > 1 else group[0]
+            response = answer.text
             context = episode.judge_context(len(history[i]))
             best = ask(episode) if ask is not None else None
             result, label = step_with_label(env, episode, tasks[i], history[i], response)
@@ -93,7 +112,7 @@ def play_tasks(
                     judge_prompt(context, response, result.observation),
                     result.valid_action,
                     label,
-                    group[0],
+                    answer,
                     prompt if ask is not None else None,
                     best,
                 )

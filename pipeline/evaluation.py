@@ -54,8 +54,10 @@ def play_heldout(
     seed: int = 0,
     parallel: int = 16,
     first_task: int = 0,
+    redraw: int = 1,
 ) -> list[PlayedEpisode]:
-    """Play held-out tasks first_task .. first_task+count-1 of `level`, batching `parallel` episodes."""
+    """Play held-out tasks first_task .. first_task+count-1 of `level`, batching `parallel` episodes;
+    `redraw` > 1 plays the first valid of that many answers per turn (`envs.play.play_tasks`)."""
     env = get_environment(domain)
     played: list[PlayedEpisode] = []
     for start in range(first_task, first_task + count, parallel):
@@ -64,7 +66,7 @@ def play_heldout(
             for i in range(start, min(start + parallel, first_task + count))
         ]
         played += play_tasks(backend, env, tasks, temperature=temperature, max_tokens=max_tokens,
-                             max_steps=max_steps, seed=seed + start * max_steps)  # fmt: skip
+                             max_steps=max_steps, seed=seed + start * max_steps, redraw=redraw)  # fmt: skip
     return played
 
 
@@ -95,8 +97,10 @@ def evaluate_policy(
     max_tokens: int,
     max_steps: int = 40,
     seed: int = 0,
+    redraws: dict[str, int] | None = None,
 ) -> dict[str, dict[str, dict[str, float | int]]]:
-    """{mode: {level: summary}} for each decoding mode (e.g. {"sampled": 0.8, "greedy": 0.0})."""
+    """{mode: {level: summary}} for each decoding mode (e.g. {"sampled": 0.8, "greedy": 0.0});
+    `redraws[mode]` > 1 plays the first valid of that many answers per turn in that mode."""
     return {
         mode: {
             str(level): summarize_policy(
@@ -109,6 +113,7 @@ def evaluate_policy(
                     max_tokens=max_tokens,
                     max_steps=max_steps,
                     seed=seed,
+                    redraw=(redraws or {}).get(mode, 1),
                 )  # fmt: skip
             )
             for level in levels

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from envs import get_environment
+from envs.play import first_valid, play_tasks
 from envs.seeds import HELDOUT_BASE, LEVEL_STRIDE, heldout_rng, heldout_seed, is_heldout, training_seed
 from infra.models.types import Completion
 from pipeline.evaluation import (
@@ -132,6 +133,49 @@ def test_outcome_as_verdict_calls_each_step_its_episode_outcome() -> None:
     assert outcome_as_verdict([PlayedEpisode(level=0, outcome=1, steps=[step(0, progress=None)])]) == {
         "steps": 0
     }
+
+
+class ListReader:
+    """A policy that answers two unlisted actions, then the first listed one (to pin the redraw, not a model)."""
+
+    def generate(self, prompts, *, n=1, temperature, max_tokens, stop=None, seed=None):  # noqa: ANN001
+        def listed(prompt: str) -> str:
+            return prompt.split("Actions:\n0: ", 1)[1].split("\n", 1)[0]
+
+        answers = ["\\boxed{ fly to the moon}", "\\boxed{ 99}"]
+        return [
+            [
+                Completion(
+                    text=t, token_ids=[], logprobs=[], prompt_token_ids=[], finish_reason="stop", version=0
+                )
+                for t in (answers + [f"\\boxed{{ {listed(p)}}}"])[:n]
+            ]
+            for p in prompts
+        ]
+
+
+def test_redraw_plays_the_first_valid_answer_and_keeps_its_completion() -> None:
+    env = get_environment("household")
+    tasks = [env.sample_task(2, heldout_rng(2, i)) for i in range(2)]
+    plain = play_tasks(ListReader(), env, tasks, temperature=0.8, max_tokens=8, max_steps=3, seed=0)
+    assert [s.valid for e in plain for s in e.steps] == [False] * 6  # the first answer, unlisted
+    redrawn = play_tasks(
+        ListReader(), env, tasks, temperature=0.8, max_tokens=8, max_steps=3, seed=0, redraw=3
+    )
+    steps = [s for e in redrawn for s in e.steps]
+    assert steps and all(s.valid for s in steps)
+    assert all("moon" not in s.completion.text and "99" not in s.completion.text for s in steps)
+    summary = summarize_policy(redrawn)
+    assert summary["invalid_rate"] == 0.0
+
+
+def test_redraw_needs_an_episode_that_lists_its_actions() -> None:
+    env = get_environment("arith")
+    episode = env.reset(env.sample_task(0, random.Random(0)))
+    with pytest.raises(ValueError, match="admissible"):
+        first_valid(
+            episode, ListReader().generate(["x\nActions:\n0: a\n"], n=3, temperature=0.8, max_tokens=8)[0]
+        )
 
 
 # --- held-out seeds ---

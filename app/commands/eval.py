@@ -10,6 +10,9 @@ import typer
 
 from app.cli import ConfigOpt, app, build_config, domain_flags, fail
 
+MODES = ("sampled", "greedy", "redraw")
+REDRAW = 8  # answers drawn per turn in the redraw mode; the first valid one is played
+
 
 def parse_levels(text: str) -> list[int]:
     """ "0,2,4" or "0-3" or a mix -> sorted distinct levels."""
@@ -75,7 +78,11 @@ def evaluate(
         ),
     ] = 200,
     modes: Annotated[
-        str, typer.Option(help="sampled (policy temperature), greedy, both, or none (only --reward-model).")
+        str,
+        typer.Option(
+            help="sampled (policy temperature), greedy, redraw (sampled, an invalid answer redrawn: the first "
+            "valid of 8 is played), comma-separated, or none (only --reward-model)."
+        ),
     ] = "sampled,greedy",
     max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
     m: Annotated[
@@ -93,8 +100,8 @@ def evaluate(
         flags["workdir"] = str(workdir)
     cfg = build_config(config, flags)
     wanted = [w.strip() for w in modes.split(",") if w.strip() and w.strip() != "none"]
-    if (not wanted and modes.strip() != "none") or any(w not in ("sampled", "greedy") for w in wanted):
-        fail(f"--modes: {modes!r}; expected sampled, greedy, sampled,greedy or none")
+    if (not wanted and modes.strip() != "none") or any(w not in MODES for w in wanted):
+        fail(f"--modes: {modes!r}; expected some of {', '.join(MODES)} (comma-separated) or none")
     if not wanted and reward_model is None:
         fail("--modes none measures nothing without --reward-model")
     level_list = parse_levels(levels)
@@ -108,7 +115,7 @@ def evaluate(
         fail(f"--levels: {cfg.scheduler.domain} has levels 0..{env.levels - 1}")
     pm = cfg.policy_model
     backend = HFBackend(resolve_model(policy, "policy", pm, cfg), dtype=pm.dtype, device=pm.device)
-    temps = {"sampled": pm.temperature, "greedy": 0.0}
+    temps = {"sampled": pm.temperature, "greedy": 0.0, "redraw": pm.temperature}
     result: dict[str, Any] = {
         "domain": cfg.scheduler.domain,
         "policy": policy,
@@ -124,6 +131,7 @@ def evaluate(
             max_tokens=pm.max_new_tokens,
             max_steps=max_steps,
             seed=seed,
+            redraws={"redraw": REDRAW},
         ),  # fmt: skip
     }
     if reward_model is not None:
