@@ -74,6 +74,29 @@ def state_advantages(
     return _zscore_by_key(rewards, states)
 
 
+def format_advantages(
+    rewards: Sequence[Sequence[float]],
+    invalid: Sequence[Sequence[bool]],
+    penalty: float,
+    states: Sequence[Sequence[str]] | None = None,
+) -> list[list[float]]:
+    """Per-step advantages where an invalid answer (`invalid[r][k]`) is pushed down by a fixed
+    `penalty` instead of being scored against the valid steps.
+
+    The valid steps are z-scored among themselves by step index (or by state, given `states`), so their
+    advantages sum to zero at each index and move no probability between answering validly and not; an
+    invalid step gets `-penalty`. Scored against the valid steps, an invalid answer's low R hands every
+    valid answer sampled at that index a positive advantage, wherever it leads. Shape of `rewards`.
+    """
+    if [len(r) for r in rewards] != [len(r) for r in invalid]:
+        raise ValueError("invalid must have the shape of rewards")
+    keys = [[("invalid", r, k) if bad else (states[r][k] if states is not None else k)
+             for k, bad in enumerate(row)] for r, row in enumerate(invalid)]  # fmt: skip
+    advantages = _zscore_by_key(rewards, keys)  # an invalid step's key is its own: advantage 0 there
+    return [[-penalty if bad else a for a, bad in zip(adv, row, strict=True)]
+            for adv, row in zip(advantages, invalid, strict=True)]  # fmt: skip
+
+
 def _zscore_by_key(
     rewards: Sequence[Sequence[float]], keys: Sequence[Sequence[Hashable]]
 ) -> list[list[float]]:

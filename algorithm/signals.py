@@ -24,7 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from algorithm.rewards import consistency_raw, integrated_rewards, state_advantages, step_advantages, zscore
+from algorithm.rewards import (
+    consistency_raw,
+    format_advantages,
+    integrated_rewards,
+    state_advantages,
+    step_advantages,
+    zscore,
+)
 from algorithm.staleness import ZERO_ADVANTAGE_ATOL
 from algorithm.tasks import HIGH, LOW, group_accuracy
 
@@ -83,6 +90,8 @@ def group_signals(
     scores: Scores | None = None,
     states: Sequence[Sequence[str]] | None = None,
     unjudged: Sequence[Sequence[bool]] | None = None,
+    invalid: Sequence[Sequence[bool]] | None = None,
+    invalid_penalty: float = 0.0,
     atol: float = ZERO_ADVANTAGE_ATOL,
 ) -> GroupSignals:
     """Policy and reward-model targets of a whole group.
@@ -93,9 +102,13 @@ def group_signals(
     that the consistency reward uses (the policy's keep `lam`). `states[r][k]`, when given, names what
     the policy saw at step k of rollout r, and the policy's advantages take the state as the baseline
     (`state_advantages`) instead of the step index. `unjudged[r][k]` True keeps that step's verdicts out
-    of the policy's R (it is the outcome alone); the reward model still learns from them. A target is
-    kept iff |advantage| > atol.
+    of the policy's R (it is the outcome alone); the reward model still learns from them. With
+    `invalid_penalty` > 0, `invalid[r][k]` True marks an invalid answer: its policy advantage is
+    `-invalid_penalty` and the valid steps are scored among themselves (`format_advantages`). A target
+    is kept iff |advantage| > atol.
     """
+    if invalid_penalty > 0 and invalid is None:
+        raise ValueError("invalid_penalty > 0 needs the invalid-answer marks (invalid=)")
     if len(outcomes) != len(verdicts):
         raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} rollouts' verdicts")
     accuracy = group_accuracy(outcomes)
@@ -115,9 +128,12 @@ def group_signals(
     policy_dropped = 0
     advantages: list[list[float]] = []
     if policy_eligible:
-        advantages = (
-            step_advantages(step_rewards) if states is None else state_advantages(step_rewards, states)
-        )
+        if invalid_penalty > 0 and invalid is not None:
+            advantages = format_advantages(step_rewards, invalid, invalid_penalty, states)
+        elif states is None:
+            advantages = step_advantages(step_rewards)
+        else:
+            advantages = state_advantages(step_rewards, states)
     steps = sum(len(row) for row in step_rewards)
     for r, row in enumerate(advantages):
         # episode weighting: each rollout weighs the same in total (its steps share the group's mean length)

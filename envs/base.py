@@ -44,6 +44,25 @@ def parse_choice(response: str, actions: list[str]) -> int | None:
     return next((i for i, text in enumerate(actions) if _normal(text) == wanted), None)
 
 
+def listed_prefix(response: str, actions: list[str]) -> int:
+    """How many leading characters of `response` still spell the answer of some listed action (its
+    `boxed` form, counted from the last `\\boxed{`); 0 without one. An invalid answer went wrong after
+    them: `\\boxed{ take apple 1 from drawer 2}` with only `take apple 1 from table 1` listed went wrong
+    at `drawer`, not at `take`."""
+    start = response.rfind("\\boxed{")
+    if start < 0:
+        return 0
+    said = response[start:]
+    best = 0
+    for action in actions:
+        answer = boxed(action)
+        n = 0
+        while n < min(len(said), len(answer)) and said[n] == answer[n]:
+            n += 1
+        best = max(best, n)
+    return start + best
+
+
 def boxed(action: str) -> str:
     """The answer that plays `action`, as the experts give it. The space after the brace makes the
     answer's words the same tokens as the listed action's (a word tokenizer tells a word after a brace

@@ -71,6 +71,7 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
             or not s.prompt_token_ids
             or len(s.behaviour_logprobs) != len(s.response_token_ids)
             or max(max(s.prompt_token_ids), max(s.response_token_ids)) >= vocab_size
+            or getattr(s, "advantage_from", 0) >= len(s.response_token_ids)
         ):
             invalid += 1
             continue
@@ -83,6 +84,7 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
                 version=getattr(s, version_field),
                 advantage=s.advantage,
                 group=batch.request_id,
+                advantage_from=getattr(s, "advantage_from", 0),
             )
         )
     return out, invalid
@@ -296,7 +298,8 @@ class Trainer:
             logp = torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[0])) for r in logp_rows])
             prox_t = logp.detach() if prox is None else pad([prox[i] for i in mb], width)
             behav = pad([s.behaviour_logprobs for s in group], width)
-            mask = pad([[1.0] * len(s.response_ids) for s in group], width)
+            mask = pad([[0.0] * s.advantage_from + [1.0] * (len(s.response_ids) - s.advantage_from)
+                        for s in group], width)  # fmt: skip
             adv = torch.tensor([s.advantage for s in group], dtype=torch.float32)
             ref_t = None if ref is None else pad([ref[i] for i in mb], width)
             loss, diag = policy_loss(logp, prox_t, behav, adv, mask, cfg.clip, cfg.kl_coef, cfg.is_cap,

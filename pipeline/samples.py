@@ -30,12 +30,9 @@ def build_samples(
     verdicts = [[s.verdicts for s in j.steps] for j in judged]
     scores = [[[x.score for x in s.judgements] for s in j.steps] for j in judged]
     states = [[s.prompt for s in j.trajectory.steps] for j in judged] if config.baseline == "state" else None
-    # the steps whose verdicts stay out of the policy's R: invalid answers, when the config says so
-    invalid = (
-        None
-        if config.judge_invalid_steps
-        else [[not s.valid_action for s in j.trajectory.steps] for j in judged]
-    )
+    # invalid answers: their verdicts stay out of the policy's R when the config says so; with
+    # invalid_penalty they leave the baseline and are pushed down by a fixed amount
+    invalid = [[not s.valid_action for s in j.trajectory.steps] for j in judged]
     signals = algorithm.group_signals(
         outcomes,
         verdicts,
@@ -49,7 +46,12 @@ def build_samples(
         rm_outcome_balance=config.rm_outcome_balance,
         scores=scores,
         states=states,
-        unjudged=invalid,
+        unjudged=None if config.judge_invalid_steps else invalid,
+        invalid=invalid,
+        invalid_penalty=config.invalid_penalty,
+    )
+    penalize_after_prefix = (
+        config.invalid_penalty > 0 and config.invalid_penalty_tokens == "after_listed_prefix"
     )
     policy: list[PolicySample] = []
     for target in signals.policy:
@@ -65,6 +67,9 @@ def build_samples(
                 policy_version=step.policy_version,
                 advantage=finite(target.advantage),
                 reward=finite(target.reward),
+                advantage_from=step.listed_prefix_tokens
+                if penalize_after_prefix and not step.valid_action
+                else 0,
             )
         )
     reward: list[RewardSample] = []

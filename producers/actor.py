@@ -29,6 +29,7 @@ import anyio
 from envs import shared_environment
 from envs.base import Episode
 from infra.bus import BatchConsumer, Bus, Record
+from infra.models.types import tokens_within
 from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig
@@ -115,11 +116,16 @@ def clamp_logprobs(values: list[float]) -> list[float]:
     return [min(0.0, max(-1e30, v)) for v in values]
 
 
-def play_turn(live: list[LiveEpisode], prompts: list[str], completions: list[list[Any]]) -> list[LiveEpisode]:
-    """Apply one generated answer to each live episode; returns the episodes that just ended."""
+def play_turn(
+    live: list[LiveEpisode], prompts: list[str], completions: list[list[Any]], tokenizer: Any = None
+) -> list[LiveEpisode]:
+    """Apply one generated answer to each live episode; returns the episodes that just ended. With the
+    `tokenizer`, an invalid answer records how many of its tokens still spelled a listed action."""
     ended = []
     for ep, prompt, (completion, *_) in zip(live, prompts, completions, strict=True):
         result = ep.episode.step(completion.text)
+        chars = result.info.get("listed_prefix", 0) if tokenizer is not None else 0
+        prefix = tokens_within(tokenizer, list(completion.token_ids), int(chars)) if chars else 0  # type: ignore[arg-type]
         ep.steps.append(
             Step(
                 index=len(ep.steps),
@@ -131,6 +137,7 @@ def play_turn(live: list[LiveEpisode], prompts: list[str], completions: list[lis
                 policy_version=completion.version,  # the weights that sampled these tokens
                 observation=result.observation,
                 valid_action=result.valid_action,
+                listed_prefix_tokens=prefix,
             )
         )
         if ep.episode.done or len(ep.steps) >= ep.max_steps:
@@ -275,7 +282,9 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                         )
                     )
                     turn += 1
-                    ended = await anyio.to_thread.run_sync(play_turn, list(live), prompts, completions)
+                    ended = await anyio.to_thread.run_sync(
+                        play_turn, list(live), prompts, completions, backend.tokenizer
+                    )
                     # --- publish finished rollouts, then commit what is wholly done ---
                     await publish(ended)
                     done = offsets.committable()

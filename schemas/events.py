@@ -88,12 +88,18 @@ class Step(Struct, frozen=True, kw_only=True):
     policy_version: Version  # the weights that generated every token of this step
     observation: str = ""  # the environment's answer to this step (the judge sees it)
     valid_action: bool = True
+    listed_prefix_tokens: Index = 0  # an invalid answer's leading tokens that still spell a listed action
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_token_ids):
             raise ValueError(
                 f"behaviour_logprobs has {len(self.behaviour_logprobs)} values for "
                 f"{len(self.response_token_ids)} response_token_ids (step {self.index})"
+            )
+        if self.listed_prefix_tokens > 0 and self.listed_prefix_tokens >= len(self.response_token_ids):
+            raise ValueError(
+                f"listed_prefix_tokens {self.listed_prefix_tokens} leaves none of the "
+                f"{len(self.response_token_ids)} response tokens (step {self.index})"
             )
 
 
@@ -161,6 +167,7 @@ class PolicySample(Struct, frozen=True, kw_only=True):
     policy_version: Version
     advantage: Finite
     reward: Finite  # integrated step reward R, for diagnostics
+    advantage_from: Index = 0  # the first response token the advantage applies to (earlier ones: no loss)
 
 
 class PolicySampleBatch(Event, frozen=True, kw_only=True):

@@ -20,6 +20,7 @@ from algorithm import (
     cure_test_rewards,
     direction,
     filter_stale,
+    format_advantages,
     group_accuracy,
     high_risk_steps,
     integrated_rewards,
@@ -87,6 +88,25 @@ def test_state_advantages_hand_computed() -> None:
     ]
     with pytest.raises(ValueError, match="shape"):
         state_advantages([[1.0, 2.0]], [["a"]])
+
+
+def test_format_advantages_hand_computed() -> None:
+    rewards = [[1.0, 0.0, 4.0], [3.0, 5.0], [2.0, 9.0]]
+    invalid = [[False, True, False], [False, False], [True, False]]
+    # k=0: valid [1, 3] (rollout 2's step is invalid): mean 2, std 1 -> [-1, 1]; rollout 2 -> -penalty
+    # k=1: valid [5, 9] (rollout 0's is invalid): mean 7, std 2 -> [-1, 1]; rollout 0 -> -penalty
+    # k=2: [4] alone -> 0
+    assert format_advantages(rewards, invalid, 0.5) == [[-1.0, -0.5, 0.0], [1.0, -1.0], [-0.5, 1.0]]
+    # the state as the baseline: valid "a" steps [1, 3, 9]: mean 13/3, std 3.399346 -> [-0.980581,
+    # -0.392232, 1.372813]; "b" steps [4, 5] -> [-1, 1]; the invalid steps (one "a" each) -> -penalty
+    states = [["a", "a", "b"], ["a", "b"], ["a", "a"]]
+    assert format_advantages(rewards, invalid, 2.0, states) == [
+        approx([-0.980581, -2.0, -1.0]),
+        approx([-0.392232, 1.0]),
+        approx([-2.0, 1.372813]),
+    ]
+    with pytest.raises(ValueError, match="shape"):
+        format_advantages([[1.0, 2.0]], [[False]], 1.0)
 
 
 def test_step_advantages_edges() -> None:

@@ -99,6 +99,11 @@ def test_unjudged_steps_get_the_outcome_alone_in_the_policys_reward() -> None:
     assert signals.reward == plain.reward
 
 
+def test_an_invalid_penalty_needs_the_invalid_marks() -> None:
+    with pytest.raises(ValueError, match="invalid="):
+        group_signals(OUTCOMES, VERDICTS, invalid_penalty=1.0)
+
+
 def test_reward_model_lambda_lets_the_verdicts_outvote_the_outcome() -> None:
     """rm_lam changes only the reward model's consistency reward: with m = 3 and λ = 1 a failed
     rollout's 2-1 "good" majority is taught "bad" (the outcome); with rm_lam 3.5 the majority wins."""

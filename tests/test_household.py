@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from envs.base import Environment, Episode, parse_choice
+from envs.base import Environment, Episode, listed_prefix, parse_choice
 from envs.household import HouseholdEnv, step_is_progress
 from envs.household.env import JUDGE_HISTORY, preferred_easier_rules
 from envs.household.tasks import oracle_length
@@ -193,6 +193,20 @@ def test_invalid_answers_count_as_steps_and_say_so() -> None:
     assert len(episode.actions_taken) == task.params["max_steps"] == 40 and episode.outcome == -1
     with pytest.raises(RuntimeError):
         episode.step("\\boxed{0}")
+
+
+def test_an_invalid_answer_says_how_much_of_it_still_spelled_a_listed_action() -> None:
+    actions = ["go to kitchen", "open drawer 1", "take apple 1 from table 1"]
+    # "\\boxed{ take apple 1 from " (26 characters) is the start of a listed answer; "drawer" is not
+    assert listed_prefix("\\boxed{ take apple 1 from drawer 2}", actions) == 26
+    assert listed_prefix("\\boxed{ fly}", actions) == 8  # the box and its space
+    assert listed_prefix("I think \\boxed{ go to mars}", actions) == 8 + len("\\boxed{ go to ")
+    assert listed_prefix("no box at all", actions) == 0
+    task = ENV.sample_task(1, random.Random(2))
+    episode = ENV.reset(task)
+    listed = episode.admissible()[0]
+    result = episode.step(f"\\boxed{{ {listed} and more}}")
+    assert not result.valid_action and result.info["listed_prefix"] == len(f"\\boxed{{ {listed}")
 
 
 def test_an_answer_names_a_listed_action_by_text_or_number_and_the_last_box_counts() -> None:

@@ -108,7 +108,33 @@ def test_samples_the_model_cannot_take_are_dropped_and_counted() -> None:
     mixed = msgspec.structs.replace(batch, samples=[batch.samples[0], bad, empty])
     samples, invalid = to_train_samples(mixed, "policy_version", vocab_size=vocab)
     assert [s.key for s in samples] == ["a/0/0"] and invalid == 2
+    late = msgspec.structs.replace(batch.samples[0], advantage_from=len(batch.samples[0].response_token_ids))
+    kept = msgspec.structs.replace(batch.samples[1], advantage_from=1)
+    samples, invalid = to_train_samples(
+        msgspec.structs.replace(batch, samples=[late, kept]), "policy_version", vocab
+    )
+    assert [(s.key, s.advantage_from) for s in samples] == [
+        ("a/1/0", 1)
+    ] and invalid == 1  # no token left: dropped
     assert len(to_train_samples(batch, "policy_version", vocab_size=vocab)[0]) == 3
+
+
+def test_tokens_before_advantage_from_carry_no_loss() -> None:
+    """Masked tokens drop out of the loss: their behaviour logprobs (and so their importance weights)
+    change nothing once `advantage_from` passes them, and change the loss when it does not."""
+    import msgspec
+
+    base = fixed_batch(n=1, advantage=-1.0)[0]
+    r = len(base.response_ids)
+    other = msgspec.structs.replace(base, behaviour_logprobs=[-0.1] * (r - 1) + [-4.5])
+    cfg = learner_config()
+
+    def first_loss(sample: TrainSample) -> float:
+        return run_steps(tiny_llama(0), [sample], 1, cfg)[0]
+
+    masked = [msgspec.structs.replace(s, advantage_from=r - 1) for s in (base, other)]
+    assert first_loss(masked[0]) == pytest.approx(first_loss(masked[1]), abs=1e-7)
+    assert abs(first_loss(base) - first_loss(other)) > 1e-3
 
 
 def test_whole_groups_fill_a_batch_without_splitting_a_group() -> None:

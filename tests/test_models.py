@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from envs.base import boxed
+from envs.base import boxed, listed_prefix
 from infra.models import load_backend, load_trainable, prepare_preset, sequence_logprobs
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
 from infra.models.tokenizer import encode_prompt, encode_response
-from infra.models.types import Completion, truncate_at_stop
+from infra.models.types import Completion, tokens_within, truncate_at_stop
 from learners import bootstrap, tiny_preset
 from learners.bootstrap import GOOD, reward_pairs
 from schemas.config import ModelConfig
@@ -166,6 +166,19 @@ def test_hf_generation_is_seeded_and_batched_like_single(backend, household_prom
     single = backend.generate(household_prompts[:1], temperature=0.0, max_tokens=10)[0][0]
     batched = backend.generate(household_prompts, temperature=0.0, max_tokens=10)[0][0]
     assert single.token_ids == batched.token_ids  # left padding does not change the answer
+
+
+def test_tokens_within_counts_the_tokens_of_a_listed_prefix(backend):
+    tok = backend.tokenizer
+    text = "\\boxed{ take apple 1 from drawer 2}"
+    tokens = tok(text, add_special_tokens=False)["input_ids"]
+    chars = listed_prefix(text, ["take apple 1 from table 1"])
+    k = tokens_within(tok, tokens, chars)
+    assert 0 < k < len(tokens) - 1
+    assert text[:chars].startswith(tok.decode(tokens[:k])) and len(tok.decode(tokens[: k + 1])) > chars
+    assert (
+        tokens_within(tok, tokens, len(text)) == len(tokens) - 1
+    )  # the last token always carries the penalty
 
 
 def test_stop_strings_cut_text_and_tokens(backend):

@@ -200,6 +200,7 @@ MALFORMED = [
     ("huge-group-size", S[ev.Trajectory], ["group_size"], 10**9, "$.group_size"),
     ("logprob-length", S[ev.Trajectory], ["steps", 0, "behaviour_logprobs"], [-0.1], "behaviour_logprobs"),
     ("rollout-index", S[ev.Trajectory], ["rollout_index"], 8, "rollout_index"),
+    ("listed-prefix", S[ev.Trajectory], ["steps", 0, "listed_prefix_tokens"], 2, "listed_prefix_tokens"),
     ("bad-sha", S[ev.WeightsPublished], ["sha256"], "xyz", "sha256"),
     ("accuracy-range", S[ev.TaskEvent], ["accuracy"], 1.5, "$.accuracy"),
     ("bad-group-action", S[ev.GroupSettled], ["action"], "kept", "$.action"),

@@ -167,6 +167,37 @@ def test_verdicts_on_invalid_answers_can_stay_out_of_the_policys_reward() -> Non
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD  # unchanged
 
 
+def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:
+    """invalid_penalty 1: rollout 1's step 1 (an invalid answer) gets advantage -1; step index 1 then has
+    one valid step (rollout 0's R = 1), which alone has no baseline and trains nothing (it got +1 against
+    the invalid step's -2 before). Step 0 is as without it: R [2, 0, -1.5], mean 1/6, std 1.433721."""
+    rollouts = group_a()
+    steps = list(rollouts[1].trajectory.steps)
+    steps[1] = msgspec.structs.replace(steps[1], valid_action=False)
+    rollouts[1] = msgspec.structs.replace(
+        rollouts[1], trajectory=msgspec.structs.replace(rollouts[1].trajectory, steps=steps)
+    )
+    steps[1] = msgspec.structs.replace(steps[1], listed_prefix_tokens=1)
+    rollouts[1] = msgspec.structs.replace(
+        rollouts[1], trajectory=msgspec.structs.replace(rollouts[1].trajectory, steps=steps)
+    )
+    config = SignalsConfig(episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0)
+    policy, reward, _ = build_samples("A", rollouts, config)
+    # the penalty starts after the tokens that still spelled a listed action; every other sample trains whole
+    assert {s.sample_key: s.advantage_from for s in policy.samples if s.advantage_from} == {"A/1/1": 1}
+    whole = SignalsConfig(
+        episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0, invalid_penalty_tokens="all"
+    )
+    assert all(s.advantage_from == 0 for s in build_samples("A", rollouts, whole)[0].samples)
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in policy.samples} == {
+        "A/0/0": (2.0, 1.278724),
+        "A/1/0": (0.0, -0.116248),
+        "A/2/0": (-1.5, -1.162476),
+        "A/1/1": (-2.0, -1.0),
+    }
+    assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD  # unchanged
+
+
 def test_default_weighs_every_episode_the_same() -> None:
     """Episode weighting (the default): a rollout's advantages times 6 steps / (3 rollouts * its length),
     so rollouts of 3, 2 and 1 steps get weights 2/3, 1 and 2; rewards unchanged. The reward model's R uses

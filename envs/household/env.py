@@ -17,7 +17,7 @@ import random
 import re
 from typing import Any, Literal
 
-from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, parse_choice
+from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, listed_prefix, parse_choice
 from envs.household.tasks import (
     EASIER_FOR_VERB,
     EASIER_WHEN_EARLY,
@@ -97,7 +97,9 @@ class HouseholdEpisode:
             self.feedback.append(INVALID)
             self.states.append(self.state)
             observation = f"{INVALID}\n{self.describe(self.state)}"
-            return StepResult(observation, self.done, valid_action=False, info={"action": None})
+            names = [text for text, _ in actions]
+            return StepResult(observation, self.done, valid_action=False,
+                              info={"action": None, "listed_prefix": listed_prefix(response, names)})  # fmt: skip
         text, op = actions[index]
         self.state, said = self.world.apply(self.state, op)
         self._achieved = self.world.achieved(self.state)

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, parse_choice
+from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, listed_prefix, parse_choice
 from envs.textworld.games import COOKING_KNOBS, CUSTOM_KNOBS, GameGenerationError, game_file, game_key
 from schemas.events import CriticFeedback, TaskSpec
 
@@ -184,7 +184,7 @@ class TextWorldEpisode:
             self.feedback.append(INVALID)
             self.views.append(self.view)
             return StepResult(f"{INVALID}\n{self.view.render()}", self.done, valid_action=False,
-                              info={"action": None})  # fmt: skip
+                              info={"action": None, "listed_prefix": listed_prefix(response, commands)})  # fmt: skip
         command = commands[index]
         state, _, _ = self._game.step(command)
         said = clean(state.feedback or "")

@@ -38,6 +38,14 @@ class GenerationBackend(Protocol):
     def load_weights(self, version: int, path: str | Path) -> None: ...
 
 
+def tokens_within(tokenizer: Any, tokens: list[int], chars: int) -> int:
+    """How many leading `tokens` decode to at most `chars` characters (at most all but the last)."""
+    for k in range(1, len(tokens)):
+        if len(tokenizer.decode(tokens[:k], skip_special_tokens=True)) > chars:
+            return k - 1
+    return max(len(tokens) - 1, 0)
+
+
 def truncate_at_stop(tokenizer: Any, tokens: list[int], stop: list[str]) -> tuple[int, str] | None:
     """(tokens to keep, text before the stop string) for the first stop string written, else None."""
     full = tokenizer.decode(tokens, skip_special_tokens=True)
