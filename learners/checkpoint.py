@@ -39,9 +39,8 @@ class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
     version: int  # weights that sampled the response
     advantage: float
     group: str = ""  # request id of the group it came from: batches and the staleness gate keep groups whole
-    advantage_from: int = (
-        0  # response tokens before this one carry no loss (a valid prefix of an invalid answer)
-    )
+    # response tokens before this one carry no loss (the part of an invalid answer that spelled a listed action)
+    advantage_from: int = 0
 
     @property
     def group_id(self) -> str:
