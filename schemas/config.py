@@ -256,15 +256,17 @@ class SignalsConfig(Config, frozen=True, kw_only=True):
     alone. Scored with the valid steps (0, the paper), an invalid answer's low R gives every valid answer
     sampled beside it a positive advantage wherever it leads. Why it matters here: the policy preset
     wins 0.46 of held-out level-8 tasks, and 0.725 when each invalid answer is redrawn instead of costing
-    a turn (the first valid of 8 samples), while the loop's runs trained the invalid answers away and
-    lowered success to 0.11-0.34."""
+    a turn (the first valid of 8 samples, `forgestream eval --modes redraw`), while the loop's runs trained
+    the invalid answers away and lowered success to 0.11-0.34. 12-minute runs (seed 0): a penalty of 1
+    on all tokens 0.24 (λ = 0: 0.135); after the listed prefix (below) 0.41, invalid turns 0.69 (the
+    preset's 0.55), 0.68 redrawn: it keeps the preferences but does not teach the format. Not a fix yet."""
     invalid_penalty_tokens: Literal["all", "after_listed_prefix"] = "after_listed_prefix"
     """Which tokens of an invalid answer the penalty pushes down: "all", or those after the longest
     prefix that still spells a listed action (`Step.listed_prefix_tokens`): `\\boxed{ take apple 1 from
     drawer 2}` with `take apple 1 from table 1` listed is pushed down from `drawer` on. With "all" the
     penalty taught the verbs of the policy's invalid answers away everywhere (measured: its invalid
-    answers begin with take / open 88 % of the time; after a run with the penalty, its valid turns were
-    "go to" 0.95 of the time instead of 0.66, "take" 0.009 instead of 0.08)."""
+    answers begin with take / open 88 % of the time; after a run with the penalty on all tokens, its valid
+    turns were "go to" 0.95 of the time instead of 0.66, "take" 0.009 instead of 0.08)."""
     group_timeout_s: PosFloat = 600.0
     """A group missing rollouts this long is flushed as incomplete and counted."""
     max_open_groups: PosInt = 10_000
