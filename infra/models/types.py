@@ -39,11 +39,16 @@ class GenerationBackend(Protocol):
 
 
 def tokens_within(tokenizer: Any, tokens: list[int], chars: int) -> int:
-    """How many leading `tokens` decode to at most `chars` characters (at most all but the last)."""
-    for k in range(1, len(tokens)):
-        if len(tokenizer.decode(tokens[:k], skip_special_tokens=True)) > chars:
-            return k - 1
-    return max(len(tokens) - 1, 0)
+    """How many leading `tokens` decode to at most `chars` characters (at most all but the last).
+    A bisection: the actor asks this of every invalid answer, and decoded length grows with k."""
+    low, high = 0, max(len(tokens) - 1, 0)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(tokenizer.decode(tokens[:mid], skip_special_tokens=True)) <= chars:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def truncate_at_stop(tokenizer: Any, tokens: list[int], stop: list[str]) -> tuple[int, str] | None:
