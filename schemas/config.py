@@ -258,8 +258,9 @@ class SignalsConfig(Config, frozen=True, kw_only=True):
     wins 0.46 of held-out level-8 tasks, and 0.725 when each invalid answer is redrawn instead of costing
     a turn (the first valid of 8 samples, `forgestream eval --modes redraw`), while the loop's runs trained
     the invalid answers away and lowered success to 0.11-0.34. 12-minute runs (seed 0): a penalty of 1
-    on all tokens 0.24 (λ = 0: 0.135); after the listed prefix (below) 0.41, invalid turns 0.69 (the
-    preset's 0.55), 0.68 redrawn: it keeps the preferences but does not teach the format. Not a fix yet."""
+    on all tokens 0.24 (λ = 0: 0.135); after the listed prefix (below) 0.41 / 0.425 (seeds 0 / 1; the
+    defaults 0.11 / 0.185), invalid turns 0.69 / 0.67 (the preset's 0.55), 0.68 / 0.66 redrawn: it keeps
+    the band and the preferences but does not teach the format. Not a fix yet."""
     invalid_penalty_tokens: Literal["all", "after_listed_prefix"] = "after_listed_prefix"
     """Which tokens of an invalid answer the penalty pushes down: "all", or those after the longest
     prefix that still spells a listed action (`Step.listed_prefix_tokens`): `\\boxed{ take apple 1 from
