@@ -8,6 +8,7 @@ A task is data (`schemas.events.TaskSpec`): any process rebuilds the same world 
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -53,14 +54,7 @@ def listed_prefix(response: str, actions: list[str]) -> int:
     if start < 0:
         return 0
     said = response[start:]
-    best = 0
-    for action in actions:
-        answer = boxed(action)
-        n = 0
-        while n < min(len(said), len(answer)) and said[n] == answer[n]:
-            n += 1
-        best = max(best, n)
-    return start + best
+    return start + max((len(os.path.commonprefix((said, boxed(a)))) for a in actions), default=0)
 
 
 def boxed(action: str) -> str:

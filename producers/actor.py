@@ -125,7 +125,7 @@ def play_turn(
     for ep, prompt, (completion, *_) in zip(live, prompts, completions, strict=True):
         result = ep.episode.step(completion.text)
         chars = result.info.get("listed_prefix", 0) if tokenizer is not None else 0
-        prefix = tokens_within(tokenizer, list(completion.token_ids), int(chars)) if chars else 0  # type: ignore[arg-type]
+        prefix = tokens_within(tokenizer, list(completion.token_ids), int(chars)) if chars else 0
         ep.steps.append(
             Step(
                 index=len(ep.steps),
