@@ -28,6 +28,7 @@ import anyio
 
 from envs import shared_environment
 from envs.base import Episode
+from envs.play import first_valid
 from infra.bus import BatchConsumer, Bus, Record
 from infra.models.types import tokens_within
 from pipeline.serving import load_serving_model
@@ -119,10 +120,12 @@ def clamp_logprobs(values: list[float]) -> list[float]:
 def play_turn(
     live: list[LiveEpisode], prompts: list[str], completions: list[list[Any]], tokenizer: Any = None
 ) -> list[LiveEpisode]:
-    """Apply one generated answer to each live episode; returns the episodes that just ended. With the
-    `tokenizer`, an invalid answer records how many of its tokens still spelled a listed action."""
+    """Apply one generated answer to each live episode (of several, the first valid one); returns the
+    episodes that just ended. With the `tokenizer`, an invalid answer records how many of its tokens
+    still spelled a listed action."""
     ended = []
-    for ep, prompt, (completion, *_) in zip(live, prompts, completions, strict=True):
+    for ep, prompt, group in zip(live, prompts, completions, strict=True):
+        completion = first_valid(ep.episode, group) if len(group) > 1 else group[0]
         result = ep.episode.step(completion.text)
         chars = result.info.get("listed_prefix", 0) if tokenizer is not None else 0
         prefix = tokens_within(tokenizer, list(completion.token_ids), int(chars)) if chars else 0
@@ -275,7 +278,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                         functools.partial(
                             backend.generate,
                             prompts,
-                            n=1,
+                            n=cfg.redraw,
                             temperature=model.temperature,
                             max_tokens=model.max_new_tokens,
                             seed=seed,

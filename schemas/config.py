@@ -14,6 +14,9 @@ from msgspec import Meta, Struct, field
 
 from schemas.events import Domain
 
+# Domains whose episodes list the actions they accept (admissible()): the actor's redraw needs the list.
+LISTED_ACTION_DOMAINS: tuple[Domain, ...] = ("household", "textworld", "textworld-custom")
+
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0.0, le=1e9)]
@@ -178,6 +181,11 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     parallel_episodes: PosInt = 8
     """Episodes stepped together; generation is batched across them."""
     max_steps: Annotated[int, Meta(ge=1, le=200)] = 40
+    redraw: Annotated[int, Meta(ge=1, le=64)] = 1
+    """Answers sampled per turn; the first that names a listed action is played (all invalid: the first),
+    as `forgestream eval --modes redraw` plays (1 = the paper: every answer is played). The played
+    answer carries its own logprobs, so the learner trains the policy's preferences among listed
+    actions and never sees the redrawn ones. Domains without a list of actions need 1."""
     min_version_wait_s: NonNegFloat = 30.0
     """How long a request waits for its min_policy_version to be published before running anyway."""
     swap_weights: Literal["every_turn", "between_episodes"] = "every_turn"
@@ -419,6 +427,9 @@ class RunConfig(Config, frozen=True, kw_only=True):
              f"signals.policy_acc_low ({self.signals.policy_acc_low}) > policy_acc_high ({self.signals.policy_acc_high})"),
             (self.signals.rm_acc_low <= self.signals.rm_acc_high,
              f"signals.rm_acc_low ({self.signals.rm_acc_low}) > rm_acc_high ({self.signals.rm_acc_high})"),
+            (self.actor.redraw == 1 or self.scheduler.domain in LISTED_ACTION_DOMAINS,
+             f"actor.redraw ({self.actor.redraw}) needs a domain that lists its actions "
+             f"({', '.join(LISTED_ACTION_DOMAINS)}), not scheduler.domain {self.scheduler.domain!r}"),
             (self.forge.low <= self.forge.high, f"forge.low ({self.forge.low}) > forge.high ({self.forge.high})"),
             (self.policy_learner.eta >= self.scheduler.eta,
              f"policy_learner.eta ({self.policy_learner.eta}) < scheduler.eta ({self.scheduler.eta}): the learner "

@@ -13,9 +13,11 @@ import anyio
 import pytest
 
 from envs import get_environment
+from envs.base import boxed
 from infra.bus import Bus, Record
+from infra.models.types import Completion
 from producers import actor
-from producers.actor import OffsetTracker
+from producers.actor import LiveEpisode, OffsetTracker, RequestRun
 from schemas import topics
 from schemas.config import ActorConfig, ModelConfig, RunConfig, SchedulerConfig
 from schemas.events import RolloutRequest, Trajectory
@@ -54,6 +56,42 @@ def test_offsets_commit_only_past_a_done_prefix_and_never_backwards() -> None:
     tracker.start(record(1, 0))
     tracker.forget(record(1, 0))  # partition lost: nothing to commit there
     assert tracker.committable() == {}
+
+
+def answer(text: str, logprob: float) -> Completion:
+    return Completion(text=text, token_ids=[5, 6], logprobs=[logprob, logprob], prompt_token_ids=[1],
+                      finish_reason="stop", version=3)  # fmt: skip
+
+
+def test_a_redrawn_turn_plays_the_first_listed_answer_with_its_own_logprobs() -> None:
+    env = get_environment("household")
+    task = env.sample_task(2, random.Random(3))
+    request = RolloutRequest(request_id="r", task=task, n=2)
+    live = [
+        LiveEpisode(RequestRun(record(0, 0), request, remaining=2), i, env.reset(task), 40) for i in (0, 1)
+    ]
+    prompts = [ep.episode.prompt() for ep in live]
+    listed = live[0].episode.admissible()
+    groups = [
+        [
+            answer("\\boxed{ fly to mars}", -1.0),
+            answer(boxed(listed[1]), -2.0),
+            answer(boxed(listed[0]), -3.0),
+        ],
+        [answer("\\boxed{ fly}", -4.0), answer("no box", -5.0)],  # none listed: the first is played
+    ]
+    actor.play_turn(live, prompts, groups)
+    first, second = live[0].steps[0], live[1].steps[0]
+    assert first.response == boxed(listed[1]) and first.valid_action
+    assert first.behaviour_logprobs == [-2.0, -2.0] and first.policy_version == 3
+    assert second.response == "\\boxed{ fly}" and not second.valid_action
+    assert second.behaviour_logprobs == [-4.0, -4.0]
+
+
+def test_redraw_needs_a_domain_that_lists_its_actions() -> None:
+    RunConfig(actor=ActorConfig(redraw=8))  # household lists them
+    with pytest.raises(ValueError, match=r"actor.redraw \(8\).*scheduler.domain 'arith'"):
+        RunConfig(actor=ActorConfig(redraw=8), scheduler=SchedulerConfig(domain="arith"))
 
 
 # --- run() against the broker --------------------------------------------------------------------
