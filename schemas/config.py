@@ -186,10 +186,11 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     as `forgestream eval --modes redraw` plays (1 = the paper: every answer is played). The played
     answer carries its own logprobs, so the learner trains the policy's preferences among listed
     actions and never sees the redrawn ones. Domains without a list of actions need 1. At 8, 12-minute
-    runs (seed 0, held-out level 8, 200 tasks) kept the band where the defaults lost it (sampled 0.435
-    against 0.11; the preset 0.46) and taught the format (invalid turns 0.55 -> 0.43; 0.38 with a fresh
-    task per group), but the choice among valid actions got worse (0.72 -> 0.60 redrawn; outcome only
-    0.595): valid turns drift to "go to" (0.66 -> 0.77). Not a gain yet, so not the default."""
+    runs (held-out level 8, 200 tasks) kept the band where the defaults lost it (sampled 0.435 / 0.405
+    on run seeds 0 / 1 against 0.11 / 0.185; the preset 0.46) and taught the format (invalid turns
+    0.55 -> 0.43 / 0.48; 0.38 with a fresh task per group), but the choice among valid actions got worse
+    (0.72 -> 0.60 / 0.625 redrawn; outcome only 0.595): valid turns drift to "go to" (0.66 -> 0.77).
+    Not a gain yet, so not the default."""
     min_version_wait_s: NonNegFloat = 30.0
     """How long a request waits for its min_policy_version to be published before running anyway."""
     swap_weights: Literal["every_turn", "between_episodes"] = "every_turn"
