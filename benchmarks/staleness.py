@@ -30,7 +30,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from schemas.config import RunConfig
 
-    eta = RunConfig().policy_learner.eta
+    eta = RunConfig().off_policy.eta
     from benchmarks import child_env, run_up
 
     base = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")

@@ -59,6 +59,7 @@ class LearnerSpec:
     version_field: str  # "policy_version" / "reward_version" on the sample
     model: ModelConfig
     learner: LearnerConfig
+    eta: int  # staleness bound in this learner's own versions
 
 
 def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[list[TrainSample], int]:
@@ -414,9 +415,9 @@ class Learner:
         for s in self.pending:
             oldest[s.group_id] = min(oldest.get(s.group_id, s.version), s.version)
         groups = list(oldest)
-        kept, _ = filter_stale([oldest[g] for g in groups], self.state.version, self.cfg.eta)
+        kept, _ = filter_stale([oldest[g] for g in groups], self.state.version, self.spec.eta)
         # a trained group whose newest sample is now stale needs no memory: any copy of it is stale too
-        floor = self.state.version - self.cfg.eta
+        floor = self.state.version - self.spec.eta
         self.state.trained_groups = {g: v for g, v in self.state.trained_groups.items() if v >= floor}
         fresh = {groups[i] for i in kept}
         before = len(self.pending)

@@ -24,6 +24,7 @@ def spec(config: RunConfig) -> LearnerSpec:
         version_field="policy_version",
         model=config.policy_model,
         learner=config.policy_learner,
+        eta=config.off_policy.eta,
     )
 
 

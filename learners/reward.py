@@ -24,6 +24,7 @@ def spec(config: RunConfig) -> LearnerSpec:
         version_field="reward_version",
         model=config.reward_model,
         learner=config.reward_learner,
+        eta=config.reward_learner.eta,
     )
 
 

@@ -127,7 +127,7 @@ def pick_tasks(
 # --- the role ------------------------------------------------------------------------------------
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
-    cfg = config.scheduler
+    cfg, eta = config.scheduler, config.off_policy.eta
     env = get_environment(cfg.domain)
     rng = random.Random(config.seed)
     pool = TaskPool()
@@ -190,7 +190,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     flight.accepted,
                     version,
                     cfg.batch_size,
-                    cfg.eta,
+                    eta,
                 )
                 gate = (room, flight.running, flight.accepted, version)
                 if gate != last_gate:  # every decision the gate changes, observable (and a test marker)
@@ -203,7 +203,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                         request_id=f"req-{config.seed}-{sequence:07d}-{task.task_id}",
                         task=task,
                         n=cfg.rollouts_per_task,
-                        min_policy_version=max(0, version - cfg.eta),
+                        min_policy_version=max(0, version - eta),
                     )
                     sequence += 1
                     # keyed by request, not task: with few tasks a task key left partitions (and the

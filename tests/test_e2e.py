@@ -30,12 +30,14 @@ E2E_CONFIG = """
 session_timeout_s = 6.0
 heartbeat_interval_s = 0.5
 
+[off_policy]
+eta = 4
+
 [scheduler]
 seed_difficulty = 2
 seed_tasks = 8
 rollouts_per_task = 4
 max_concurrent_requests = 16
-eta = 4
 
 [actor]
 parallel_episodes = 8
@@ -44,7 +46,6 @@ max_steps = 8
 [policy_learner]
 batch_samples = 16
 batch_wait_s = 5.0
-eta = 4
 # This test is about plumbing: a small step keeps the starting success (~0.2-0.5) so groups of
 # mixed outcomes, the only ones that feed the reward model, keep coming.
 lr = 1e-5

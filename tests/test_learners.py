@@ -303,8 +303,8 @@ def tiny_model_dir(root: Path) -> Path:
     return folder
 
 
-def role_config(tmp_path: Path, kafka_config, **learner):
-    from schemas.config import ModelConfig, RunConfig, SchedulerConfig
+def role_config(tmp_path: Path, kafka_config, eta: int = 2, **learner):
+    from schemas.config import ModelConfig, OffPolicyConfig, RunConfig
 
     # one optimizer step per batch unless a test asks for more: the plumbing tests count steps
     defaults = dict(
@@ -321,8 +321,8 @@ def role_config(tmp_path: Path, kafka_config, **learner):
         workdir=str(tmp_path / "work"),
         kafka=kafka_config,
         policy_model=ModelConfig(preset=f"hf:{tiny_model_dir(tmp_path)}", temperature=0.8),
-        policy_learner=(cfg := LearnerConfig(**{**defaults, **learner})),
-        scheduler=SchedulerConfig(eta=cfg.eta),  # one η: the scheduler admits no work the learner drops
+        policy_learner=LearnerConfig(**{**defaults, **learner}),
+        off_policy=OffPolicyConfig(eta=eta),
     )
 
 

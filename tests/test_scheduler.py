@@ -14,7 +14,7 @@ from pipeline.taskpool import TaskPool
 from producers import scheduler
 from producers.scheduler import Flight, pick_tasks
 from schemas import topics
-from schemas.config import RunConfig, SchedulerConfig
+from schemas.config import OffPolicyConfig, RunConfig, SchedulerConfig
 from schemas.events import GroupSettled, RolloutRequest, TaskSpec, WeightsPublished
 from tests.conftest import wait_records
 
@@ -95,10 +95,11 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         rollouts_per_task=2,
         max_concurrent_requests=4,
         batch_size=1,
-        eta=0,
         poll_s=0.1,
     )
-    config = RunConfig(workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg)
+    config = RunConfig(
+        workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg, off_policy=OffPolicyConfig(eta=0)
+    )
     shutdown = anyio.Event()
     async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(scheduler.run, config, shutdown=shutdown))
@@ -153,8 +154,10 @@ async def test_requests_of_one_task_spread_over_partitions(kafka_config: Any, tm
     """Requests are keyed by request id: with a single task they still reach several partitions, so
     several actors share the work (a task key put them all on one partition, one actor)."""
     cfg = SchedulerConfig(domain="household", seed_tasks=1, seed_difficulty=0, rollouts_per_task=2,
-                          max_concurrent_requests=8, batch_size=8, eta=0, poll_s=0.1)  # fmt: skip
-    config = RunConfig(workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg)
+                          max_concurrent_requests=8, batch_size=8, poll_s=0.1)  # fmt: skip
+    config = RunConfig(
+        workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg, off_policy=OffPolicyConfig(eta=0)
+    )
     shutdown = anyio.Event()
     async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(scheduler.run, config, shutdown=shutdown))

@@ -311,7 +311,6 @@ def test_secrets_never_appear_in_a_config_repr() -> None:
         ({"FORGESTREAM_SIGNALS__POLICY_ACC_LOW": "0.9"}, ("policy_acc_low", "policy_acc_high")),
         ({"FORGESTREAM_SIGNALS__RM_ACC_HIGH": "0.1"}, ("rm_acc_low", "rm_acc_high")),
         ({"FORGESTREAM_FORGE__LOW": "0.9"}, ("forge.low", "forge.high")),
-        ({"FORGESTREAM_SCHEDULER__ETA": "5"}, ("policy_learner.eta", "scheduler.eta")),
         ({"FORGESTREAM_REWARD_LEARNER__RANKS": "2"}, ("reward_learner.ranks", "reward_learner.engine")),
     ],
 )
@@ -323,7 +322,19 @@ def test_cross_field_rules_fail_at_load_naming_both_fields(
     with pytest.raises(ConfigError) as failed:
         load_config(environ=env)
     assert all(name in str(failed.value) for name in names)
-    assert load_config(environ={"FORGESTREAM_SCHEDULER__ETA": "5", "FORGESTREAM_POLICY_LEARNER__ETA": "5"})
+
+
+def test_eta_is_set_once_for_the_scheduler_and_the_policy_learner() -> None:
+    """η lives in `off_policy`: the policy learner drops by the bound the scheduler admits by, so the two
+    cannot disagree; the reward learner's bound counts reward versions and stays its own."""
+    from infra.config import ConfigError, load_config
+    from learners import policy, reward
+
+    config = load_config(environ={"FORGESTREAM_OFF_POLICY__ETA": "5", "FORGESTREAM_REWARD_LEARNER__ETA": "3"})
+    assert (config.off_policy.eta, policy.spec(config).eta, reward.spec(config).eta) == (5, 5, 3)
+    for old in ("FORGESTREAM_SCHEDULER__ETA", "FORGESTREAM_POLICY_LEARNER__ETA"):
+        with pytest.raises(ConfigError, match="eta"):
+            load_config(environ={old: "5"})
 
 
 def test_environment_values_for_text_fields_are_taken_verbatim() -> None:
