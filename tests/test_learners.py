@@ -487,15 +487,18 @@ async def test_kill9_between_checkpoints_then_restart(tmp_path: Path, kafka_conf
 
 
 async def test_reward_role_trains_on_reward_samples(tmp_path: Path, kafka_config) -> None:
+    import msgspec
+
     from infra.bus import Bus
     from learners import reward
     from schemas import topics
-    from schemas.config import ModelConfig
+    from schemas.config import ModelConfig, RewardLearnerConfig
     from schemas.events import RewardSample, RewardSampleBatch
 
     base = role_config(tmp_path, kafka_config)
     model = ModelConfig(preset=base.policy_model.preset, temperature=0.8)
-    config = msgspec_replace(base, reward_model=model, reward_learner=base.policy_learner)
+    learner = RewardLearnerConfig(**msgspec.structs.asdict(base.policy_learner))
+    config = msgspec_replace(base, reward_model=model, reward_learner=learner)
     root = Path(config.workdir) / "checkpoints" / "reward"
     samples = [
         RewardSample(
