@@ -188,7 +188,9 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     on run seeds 0 / 1 against 0.11 / 0.185; the preset 0.46) and taught the format (invalid turns
     0.55 -> 0.43 / 0.48; 0.38 with a fresh task per group), but the choice among valid actions got worse
     (0.72 -> 0.60 / 0.625 redrawn; outcome only 0.595): valid turns drift to "go to" (0.66 -> 0.77).
-    Not a gain yet, so not the default."""
+    With policy_learner.lr 3e-5 the choice held (0.705 / 0.75 redrawn) and sampled play ended at 0.48 /
+    0.50 (seeds 0 / 1, 12 and 15 minutes), inside the preset's interval. Not a gain yet, so not the
+    default."""
     min_version_wait_s: NonNegFloat = 30.0
     """How long a request waits for its min_policy_version to be published before running anyway."""
     swap_weights: Literal["every_turn", "between_episodes"] = "every_turn"
