@@ -322,10 +322,22 @@ def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker
 
 def test_eval_flags_fail_fast_naming_the_flag() -> None:
     for flags, says in ((["--modes", "fast"], "--modes"), (["--modes", "none"], "--modes none"),
-                        (["--levels", "0,99"], "--levels")):  # fmt: skip
+                        (["--levels", "0,99"], "--levels"), (["--redraw", "1"], "--redraw")):  # fmt: skip
         done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True,
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and says in done.stderr, (flags, done.stderr[-500:])
+
+
+def test_eval_plays_the_redraw_mode_with_the_count_it_is_given(tmp_path: Path) -> None:
+    """The CLI end to end on the policy preset: --redraw reaches the play and the result says which count."""
+    out = tmp_path / "eval.json"
+    flags = ["--policy", "preset", "--levels", "0", "--tasks", "2", "--modes", "redraw", "--redraw", "3",
+             "--max-steps", "3", "--json", str(out)]  # fmt: skip
+    done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-500:]
+    result = json.loads(out.read_text())
+    assert result["redraw"] == 3 and result["policy_results"]["redraw"]["0"]["tasks"] == 2
 
 
 def test_help_is_instant_and_lists_every_command() -> None:

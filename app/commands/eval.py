@@ -11,7 +11,6 @@ import typer
 from app.cli import ConfigOpt, app, build_config, domain_flags, fail
 
 MODES = ("sampled", "greedy", "redraw")
-REDRAW = 8  # answers drawn per turn in the redraw mode; the first valid one is played
 
 
 def parse_levels(text: str) -> list[int]:
@@ -81,9 +80,15 @@ def evaluate(
         str,
         typer.Option(
             help="sampled (policy temperature), greedy, redraw (sampled, an invalid answer redrawn: the first "
-            "valid of 8 is played), comma-separated, or none (only --reward-model)."
+            "valid of --redraw is played), comma-separated, or none (only --reward-model)."
         ),
     ] = "sampled,greedy",
+    redraw: Annotated[
+        int,
+        typer.Option(
+            min=2, max=64, help="Answers drawn per turn in the redraw mode (as actor.redraw plays)."
+        ),
+    ] = 8,
     max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
     m: Annotated[
         int | None, typer.Option(min=1, max=64, help="Verdicts per step (default: judge.m).")
@@ -122,6 +127,7 @@ def evaluate(
         "tasks_per_level": tasks,
         "max_steps": max_steps,
         "seed": seed,
+        **({"redraw": redraw} if "redraw" in wanted else {}),
         "policy_results": evaluate_policy(
             backend,
             cfg.scheduler.domain,
@@ -131,7 +137,7 @@ def evaluate(
             max_tokens=pm.max_new_tokens,
             max_steps=max_steps,
             seed=seed,
-            redraws={"redraw": REDRAW},
+            redraws={"redraw": redraw},
         ),  # fmt: skip
     }
     if reward_model is not None:
