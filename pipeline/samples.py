@@ -2,7 +2,8 @@
 
 Shared by the signals role (live) and replay (recomputing reward-model samples from the judged
 topic with today's settings), so both apply `algorithm.group_signals` and key samples identically:
-policy samples `request_id/rollout/step`, reward samples `request_id/rollout/step/judgement`.
+policy samples `request_id/rollout/step` (`.../r<k>` for the k-th invalid draw passed over at that
+step), reward samples `request_id/rollout/step/judgement`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,26 @@ def build_samples(
                 else 0,
             )
         )
+    if config.invalid_penalty > 0:
+        # the invalid draws an actor passed over (actor.redraw > 1) are pushed down as a played
+        # invalid answer is; they had no turn, so no R (reward is the penalty too) and no baseline
+        for j in judged:
+            trajectory = j.trajectory
+            for step in trajectory.steps:
+                for k, draw in enumerate(step.rejected):
+                    policy.append(
+                        PolicySample(
+                            sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}/r{k}",
+                            task_id=trajectory.task.task_id,
+                            prompt_token_ids=step.prompt_token_ids,
+                            response_token_ids=draw.response_token_ids,
+                            behaviour_logprobs=draw.behaviour_logprobs,
+                            policy_version=step.policy_version,
+                            advantage=-config.invalid_penalty,
+                            reward=-config.invalid_penalty,
+                            advantage_from=draw.listed_prefix_tokens if penalize_after_prefix else 0,
+                        )
+                    )
     reward: list[RewardSample] = []
     for target in signals.reward:
         jt = judged[target.rollout]

@@ -27,14 +27,14 @@ from typing import Any
 import anyio
 
 from envs import shared_environment
-from envs.base import Episode
+from envs.base import Episode, listed_prefix
 from envs.play import first_valid
 from infra.bus import BatchConsumer, Bus, Record
 from infra.models.types import tokens_within
 from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig
-from schemas.events import RolloutRequest, Step, Trajectory
+from schemas.events import RejectedAnswer, RolloutRequest, Step, Trajectory
 
 log = logging.getLogger("forgestream.actor")
 
@@ -117,15 +117,34 @@ def clamp_logprobs(values: list[float]) -> list[float]:
     return [min(0.0, max(-1e30, v)) for v in values]
 
 
+def rejected_answer(tokenizer: Any, completion: Any, actions: list[str]) -> RejectedAnswer:
+    """An invalid draw that was not played, with the tokens that still spelled a listed action."""
+    tokens = list(completion.token_ids)
+    chars = listed_prefix(completion.text, actions)
+    return RejectedAnswer(
+        response_token_ids=tokens,
+        behaviour_logprobs=clamp_logprobs(list(completion.logprobs)),
+        listed_prefix_tokens=tokens_within(tokenizer, tokens, chars) if chars else 0,
+    )
+
+
 def play_turn(
     live: list[LiveEpisode], prompts: list[str], completions: list[list[Any]], tokenizer: Any = None
 ) -> list[LiveEpisode]:
     """Apply one generated answer to each live episode (of several, the first valid one); returns the
     episodes that just ended. With the `tokenizer`, an invalid answer records how many of its tokens
-    still spelled a listed action."""
+    still spelled a listed action, and so does each invalid draw passed over (`Step.rejected`)."""
     ended = []
     for ep, prompt, group in zip(live, prompts, completions, strict=True):
         completion = first_valid(ep.episode, group) if len(group) > 1 else group[0]
+        # the draws before the played one were invalid; when none was valid (the first is played), all
+        # the others are
+        played = next(k for k, c in enumerate(group) if c is completion)
+        passed = group[:played] if played else group[1:]
+        rejected = []
+        if tokenizer is not None and passed:
+            actions = ep.episode.admissible()
+            rejected = [rejected_answer(tokenizer, c, actions) for c in passed]
         result = ep.episode.step(completion.text)
         chars = result.info.get("listed_prefix", 0) if tokenizer is not None else 0
         prefix = tokens_within(tokenizer, list(completion.token_ids), int(chars)) if chars else 0
@@ -141,6 +160,7 @@ def play_turn(
                 observation=result.observation,
                 valid_action=result.valid_action,
                 listed_prefix_tokens=prefix,
+                rejected=rejected,
             )
         )
         if ep.episode.done or len(ep.steps) >= ep.max_steps:

@@ -182,8 +182,9 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     redraw: Annotated[int, Meta(ge=1, le=64)] = 1
     """Answers sampled per turn; the first that names a listed action is played (all invalid: the first),
     as `forgestream eval --modes redraw` plays (1 = the paper: every answer is played). The played
-    answer carries its own logprobs, so the learner trains the policy's preferences among listed
-    actions and never sees the redrawn ones. Domains without a list of actions need 1. At 8, 12-minute
+    answer carries its own logprobs; the invalid draws passed over ride along on the step
+    (`Step.rejected`) and train only under `signals.invalid_penalty`. Domains without a list of actions
+    need 1. At 8, 12-minute
     runs (held-out level 8, 200 tasks) kept the band where the defaults lost it (sampled 0.435 / 0.405
     on run seeds 0 / 1 against 0.11 / 0.185; the preset 0.46) and taught the format (invalid turns
     0.55 -> 0.43 / 0.48; 0.38 with a fresh task per group), but the choice among valid actions got worse
@@ -273,7 +274,9 @@ class SignalsConfig(Config, frozen=True, kw_only=True):
     the invalid answers away and lowered success to 0.11-0.34. 12-minute runs (seed 0): a penalty of 1
     on all tokens 0.24 (λ = 0: 0.135); after the listed prefix (below) 0.41 / 0.425 (seeds 0 / 1; the
     defaults 0.11 / 0.185), invalid turns 0.69 / 0.67 (the preset's 0.55), 0.68 / 0.66 redrawn: it keeps
-    the band and the preferences but does not teach the format. Not a fix yet."""
+    the band and the preferences but does not teach the format. Not a fix yet. With `actor.redraw` > 1
+    the invalid draws an actor passed over (`Step.rejected`) are pushed down the same way: a format
+    signal on the policy's own mistakes that costs no turn."""
     invalid_penalty_tokens: Literal["all", "after_listed_prefix"] = "after_listed_prefix"
     """Which tokens of an invalid answer the penalty pushes down: "all", or those after the longest
     prefix that still spells a listed action (`Step.listed_prefix_tokens`): `\\boxed{ take apple 1 from

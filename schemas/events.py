@@ -76,6 +76,28 @@ class RolloutRequest(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
+class RejectedAnswer(Struct, frozen=True, kw_only=True):
+    """An invalid answer the policy drew at a turn and the actor did not play (`actor.redraw` > 1: it
+    played a later draw that named a listed action): what the policy would have answered, kept so that
+    the format can be taught from it (`signals.invalid_penalty`)."""
+
+    response_token_ids: list[Index]
+    behaviour_logprobs: list[Logprob]
+    listed_prefix_tokens: Index = 0  # leading tokens that still spell a listed action
+
+    def __post_init__(self) -> None:
+        if len(self.behaviour_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"rejected answer: behaviour_logprobs has {len(self.behaviour_logprobs)} values for "
+                f"{len(self.response_token_ids)} response_token_ids"
+            )
+        if self.listed_prefix_tokens > 0 and self.listed_prefix_tokens >= len(self.response_token_ids):
+            raise ValueError(
+                f"rejected answer: listed_prefix_tokens {self.listed_prefix_tokens} leaves none of the "
+                f"{len(self.response_token_ids)} response tokens"
+            )
+
+
 class Step(Struct, frozen=True, kw_only=True):
     """One policy turn: the prompt it saw, what it answered, and what the environment said back."""
 
@@ -89,6 +111,7 @@ class Step(Struct, frozen=True, kw_only=True):
     observation: str = ""  # the environment's answer to this step (the judge sees it)
     valid_action: bool = True
     listed_prefix_tokens: Index = 0  # an invalid answer's leading tokens that still spell a listed action
+    rejected: list[RejectedAnswer] = []  # invalid draws of this turn not played (prompt as above)
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_token_ids):

@@ -88,6 +88,46 @@ def test_a_redrawn_turn_plays_the_first_listed_answer_with_its_own_logprobs() ->
     assert second.behaviour_logprobs == [-4.0, -4.0]
 
 
+def test_a_redrawn_turn_keeps_the_invalid_draws_it_passed_over(model_home: None, tmp_path: Path) -> None:
+    """The draws before the played one are kept on the step as rejected answers, each with the tokens
+    that still spelled a listed action; when none was valid, every draw but the played first one is."""
+    from infra.models import load_trainable
+
+    _, tokenizer = load_trainable(POLICY, role="policy", workdir=tmp_path)
+    env = get_environment("household")
+    task = env.sample_task(2, random.Random(3))
+    request = RolloutRequest(request_id="r", task=task, n=2)
+    live = [
+        LiveEpisode(RequestRun(record(0, 0), request, remaining=2), i, env.reset(task), 40) for i in (0, 1)
+    ]
+    prompts = [ep.episode.prompt() for ep in live]
+    listed = live[0].episode.admissible()
+
+    def draw(text: str) -> Completion:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return Completion(text=text, token_ids=ids, logprobs=[-1.0] * len(ids), prompt_token_ids=[1],
+                          finish_reason="stop", version=3)  # fmt: skip
+
+    lost = draw("\\boxed{ take cup 1 from sofa 2}")  # listed: take cup 1 from table 1
+    groups = [
+        [lost, draw("no box"), draw(boxed(listed[0])), draw(boxed(listed[1]))],
+        [draw("\\boxed{ fly}"), draw("no box"), draw("\\boxed{ fly away}")],  # none listed
+    ]
+    actor.play_turn(live, prompts, groups, tokenizer)
+    first, second = live[0].steps[0], live[1].steps[0]
+    assert first.response == boxed(listed[0]) and first.valid_action
+    assert [r.response_token_ids for r in first.rejected] == [g.token_ids for g in groups[0][:2]]
+    spelled = tokenizer.decode(lost.token_ids[: first.rejected[0].listed_prefix_tokens])
+    assert spelled.strip() == "\\boxed{ take cup 1 from" and boxed("take cup 1 from table 1").startswith(
+        spelled
+    )
+    assert first.rejected[1].listed_prefix_tokens == 0 and first.rejected[0].behaviour_logprobs[0] == -1.0
+    assert not second.valid_action and second.response == "\\boxed{ fly}"
+    assert [r.response_token_ids for r in second.rejected] == [g.token_ids for g in groups[1][1:]]
+    actor.play_turn(live, prompts, [[draw(boxed(listed[0]))]] * 2, tokenizer)  # one draw: nothing passed over
+    assert live[0].steps[1].rejected == [] and live[1].steps[1].rejected == []
+
+
 def test_redraw_needs_a_domain_that_lists_its_actions() -> None:
     RunConfig(actor=ActorConfig(redraw=8))  # household lists them
     with pytest.raises(ValueError, match=r"actor.redraw \(8\).*scheduler.domain 'arith'"):

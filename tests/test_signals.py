@@ -20,6 +20,7 @@ from schemas.events import (
     JudgedTrajectory,
     Judgement,
     Metric,
+    RejectedAnswer,
     Step,
     StepJudgement,
     TaskSpec,
@@ -165,6 +166,50 @@ def test_verdicts_on_invalid_answers_can_stay_out_of_the_policys_reward() -> Non
     assert signals_.step_rewards[1] == [0.0, -1.0]
     assert {s.sample_key: s.reward for s in policy.samples}["A/1/1"] == -1.0
     assert {s.sample_key: (s.reward, round(s.advantage, 6)) for s in reward.samples} == A_REWARD  # unchanged
+
+
+def test_invalid_draws_passed_over_are_pushed_down_by_the_penalty_alone() -> None:
+    """An actor that redrew (actor.redraw > 1) keeps the invalid draws it passed over on the step. With
+    invalid_penalty 1 each becomes a policy sample of advantage -1, from the tokens after its listed
+    prefix; the played steps' samples are the same as without them; with no penalty they train nothing."""
+    rollouts = group_a()
+    steps = list(rollouts[0].trajectory.steps)
+    draws = [
+        RejectedAnswer(
+            response_token_ids=[7, 8, 9], behaviour_logprobs=[-0.5, -1.0, -2.0], listed_prefix_tokens=2
+        ),
+        RejectedAnswer(response_token_ids=[7], behaviour_logprobs=[-0.25]),
+    ]
+    steps[1] = msgspec.structs.replace(steps[1], rejected=draws)
+    rollouts[0] = msgspec.structs.replace(
+        rollouts[0], trajectory=msgspec.structs.replace(rollouts[0].trajectory, steps=steps)
+    )
+    config = SignalsConfig(episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0)
+    without = build_samples("A", group_a(), config)[0].samples
+    policy = build_samples("A", rollouts, config)[0].samples
+    extra = {s.sample_key: s for s in policy}.keys() - {s.sample_key for s in without}
+    assert extra == {"A/0/1/r0", "A/0/1/r1"}
+    drawn = {s.sample_key: s for s in policy if s.sample_key in extra}
+    assert [(s.advantage, s.reward, s.advantage_from) for s in drawn.values()] == [
+        (-1.0, -1.0, 2),
+        (-1.0, -1.0, 0),
+    ]
+    first = drawn["A/0/1/r0"]
+    assert (first.prompt_token_ids, first.response_token_ids, first.behaviour_logprobs) == (
+        steps[1].prompt_token_ids,
+        [7, 8, 9],
+        [-0.5, -1.0, -2.0],
+    )
+    assert first.policy_version == steps[1].policy_version
+    assert [s for s in policy if s.sample_key not in extra] == list(without)
+    whole = SignalsConfig(
+        episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0, invalid_penalty_tokens="all"
+    )
+    assert {s.advantage_from for s in build_samples("A", rollouts, whole)[0].samples} == {0}
+    no_penalty = SignalsConfig(episode_weighting=False, rm_lam=1.0)
+    assert [s.sample_key for s in build_samples("A", rollouts, no_penalty)[0].samples] == [
+        s.sample_key for s in build_samples("A", group_a(), no_penalty)[0].samples
+    ]
 
 
 def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:
