@@ -322,7 +322,8 @@ def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker
 
 def test_eval_flags_fail_fast_naming_the_flag() -> None:
     for flags, says in ((["--modes", "fast"], "--modes"), (["--modes", "none"], "--modes none"),
-                        (["--levels", "0,99"], "--levels"), (["--redraw", "1"], "--redraw")):  # fmt: skip
+                        (["--levels", "0,99"], "--levels"), (["--redraw", "1"], "--redraw"),
+                        (["--redraw", "3"], "--redraw 3")):  # fmt: skip
         done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True,
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and says in done.stderr, (flags, done.stderr[-500:])

@@ -84,11 +84,11 @@ def evaluate(
         ),
     ] = "sampled,greedy",
     redraw: Annotated[
-        int,
+        int | None,
         typer.Option(
-            min=2, max=64, help="Answers drawn per turn in the redraw mode (as actor.redraw plays)."
+            min=2, max=64, help="Answers drawn per turn in the redraw mode (as actor.redraw plays; 8)."
         ),
-    ] = 8,
+    ] = None,
     max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
     m: Annotated[
         int | None, typer.Option(min=1, max=64, help="Verdicts per step (default: judge.m).")
@@ -109,6 +109,9 @@ def evaluate(
         fail(f"--modes: {modes!r}; expected some of {', '.join(MODES)} (comma-separated) or none")
     if not wanted and reward_model is None:
         fail("--modes none measures nothing without --reward-model")
+    if redraw is not None and "redraw" not in wanted:
+        fail(f"--redraw {redraw} sets the redraw mode's draws, and --modes {modes!r} does not play it")
+    redraw = redraw or 8
     level_list = parse_levels(levels)
 
     from envs import get_environment
