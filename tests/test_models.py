@@ -181,6 +181,17 @@ def test_tokens_within_counts_the_tokens_of_a_listed_prefix(backend):
     )  # the last token always carries the penalty
 
 
+def test_tokens_within_stops_before_an_unknown_word(backend):
+    """A word the tokenizer does not know is one unknown token; it is where the answer went wrong, so it
+    is not counted as spelled (skipped, it would decode to nothing)."""
+    tok = backend.tokenizer
+    text = "\\boxed{ take apple 1 from zyzzyva 2}"
+    tokens = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id in tokens
+    k = tokens_within(tok, tokens, listed_prefix(text, ["take apple 1 from table 1"]))
+    assert tokens[k] == tok.unk_token_id
+
+
 def test_stop_strings_cut_text_and_tokens(backend):
     tok = backend.tokenizer
     tokens = tok("Task: \\boxed{3} you see", add_special_tokens=False)["input_ids"]

@@ -40,11 +40,13 @@ class GenerationBackend(Protocol):
 
 def tokens_within(tokenizer: Any, tokens: list[int], chars: int) -> int:
     """How many leading `tokens` decode to at most `chars` characters (at most all but the last).
-    A bisection: the actor asks this of every invalid answer, and decoded length grows with k."""
+    A bisection: the actor asks this of every invalid answer, and decoded length grows with k. Special
+    tokens count with their text: an unknown word decodes to nothing once skipped, and would then count
+    as spelled."""
     low, high = 0, max(len(tokens) - 1, 0)
     while low < high:
         mid = (low + high + 1) // 2
-        if len(tokenizer.decode(tokens[:mid], skip_special_tokens=True)) <= chars:
+        if len(tokenizer.decode(tokens[:mid], skip_special_tokens=False)) <= chars:
             low = mid
         else:
             high = mid - 1
