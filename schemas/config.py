@@ -276,7 +276,9 @@ class SignalsConfig(Config, frozen=True, kw_only=True):
     defaults 0.11 / 0.185), invalid turns 0.69 / 0.67 (the preset's 0.55), 0.68 / 0.66 redrawn: it keeps
     the band and the preferences but does not teach the format. Not a fix yet. With `actor.redraw` > 1
     the invalid draws an actor passed over (`Step.rejected`) are pushed down the same way: a format
-    signal on the policy's own mistakes that costs no turn."""
+    signal on the policy's own mistakes that costs no turn. Measured with redraw 8 and policy lr 3e-5
+    (seed 0, 12 minutes; 13,690 samples trained against ~5,000 without): level 8 0.425 sampled, invalid
+    0.49, 0.685 redrawn, against 0.48 / 0.43 / 0.705 without: it does not teach the format either."""
     invalid_penalty_tokens: Literal["all", "after_listed_prefix"] = "after_listed_prefix"
     """Which tokens of an invalid answer the penalty pushes down: "all", or those after the longest
     prefix that still spells a listed action (`Step.listed_prefix_tokens`): `\\boxed{ take apple 1 from
