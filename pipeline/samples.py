@@ -14,8 +14,11 @@ from schemas.events import (
     JudgedTrajectory,
     PolicySample,
     PolicySampleBatch,
+    RejectedAnswer,
     RewardSample,
     RewardSampleBatch,
+    Step,
+    Trajectory,
     finite,
 )
 
@@ -54,45 +57,36 @@ def build_samples(
     penalize_after_prefix = (
         config.invalid_penalty > 0 and config.invalid_penalty_tokens == "after_listed_prefix"
     )
+
+    def policy_sample(trajectory: Trajectory, step: Step, answer: Step | RejectedAnswer, key: str,
+                      advantage: float, reward: float, advantage_from: int) -> PolicySample:  # fmt: skip
+        return PolicySample(
+            sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}{key}",
+            task_id=trajectory.task.task_id,
+            prompt_token_ids=step.prompt_token_ids,
+            response_token_ids=answer.response_token_ids,
+            behaviour_logprobs=answer.behaviour_logprobs,
+            policy_version=step.policy_version,
+            advantage=finite(advantage),
+            reward=finite(reward),
+            advantage_from=advantage_from,
+        )
+
     policy: list[PolicySample] = []
     for target in signals.policy:
         trajectory = judged[target.rollout].trajectory
         step = trajectory.steps[target.step]
-        policy.append(
-            PolicySample(
-                sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}",
-                task_id=trajectory.task.task_id,
-                prompt_token_ids=step.prompt_token_ids,
-                response_token_ids=step.response_token_ids,
-                behaviour_logprobs=step.behaviour_logprobs,
-                policy_version=step.policy_version,
-                advantage=finite(target.advantage),
-                reward=finite(target.reward),
-                advantage_from=step.listed_prefix_tokens
-                if penalize_after_prefix and not step.valid_action
-                else 0,
-            )
-        )
+        start = step.listed_prefix_tokens if penalize_after_prefix and not step.valid_action else 0
+        policy.append(policy_sample(trajectory, step, step, "", target.advantage, target.reward, start))
     if config.invalid_penalty > 0:
         # the invalid draws an actor passed over (actor.redraw > 1) are pushed down as a played
         # invalid answer is; they had no turn, so no R (reward is the penalty too) and no baseline
-        for j in judged:
-            trajectory = j.trajectory
+        penalty = -config.invalid_penalty
+        for trajectory in (j.trajectory for j in judged):
             for step in trajectory.steps:
                 for k, draw in enumerate(step.rejected):
-                    policy.append(
-                        PolicySample(
-                            sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}/r{k}",
-                            task_id=trajectory.task.task_id,
-                            prompt_token_ids=step.prompt_token_ids,
-                            response_token_ids=draw.response_token_ids,
-                            behaviour_logprobs=draw.behaviour_logprobs,
-                            policy_version=step.policy_version,
-                            advantage=-config.invalid_penalty,
-                            reward=-config.invalid_penalty,
-                            advantage_from=draw.listed_prefix_tokens if penalize_after_prefix else 0,
-                        )
-                    )
+                    start = draw.listed_prefix_tokens if penalize_after_prefix else 0
+                    policy.append(policy_sample(trajectory, step, draw, f"/r{k}", penalty, penalty, start))
     reward: list[RewardSample] = []
     for target in signals.reward:
         jt = judged[target.rollout]

@@ -76,6 +76,21 @@ class RolloutRequest(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
+def check_answer(answer: Any, before: str, after: str) -> None:
+    """An answer's tokens, behaviour logprobs and listed prefix agree (a Step or a RejectedAnswer)."""
+    tokens = len(answer.response_token_ids)
+    if len(answer.behaviour_logprobs) != tokens:
+        raise ValueError(
+            f"{before}behaviour_logprobs has {len(answer.behaviour_logprobs)} values for "
+            f"{tokens} response_token_ids{after}"
+        )
+    if answer.listed_prefix_tokens > 0 and answer.listed_prefix_tokens >= tokens:
+        raise ValueError(
+            f"{before}listed_prefix_tokens {answer.listed_prefix_tokens} leaves none of the "
+            f"{tokens} response tokens{after}"
+        )
+
+
 class RejectedAnswer(Struct, frozen=True, kw_only=True):
     """An invalid answer the policy drew at a turn and the actor did not play (`actor.redraw` > 1: it
     played a later draw that named a listed action): what the policy would have answered, kept so that
@@ -86,16 +101,7 @@ class RejectedAnswer(Struct, frozen=True, kw_only=True):
     listed_prefix_tokens: Index = 0  # leading tokens that still spell a listed action
 
     def __post_init__(self) -> None:
-        if len(self.behaviour_logprobs) != len(self.response_token_ids):
-            raise ValueError(
-                f"rejected answer: behaviour_logprobs has {len(self.behaviour_logprobs)} values for "
-                f"{len(self.response_token_ids)} response_token_ids"
-            )
-        if self.listed_prefix_tokens > 0 and self.listed_prefix_tokens >= len(self.response_token_ids):
-            raise ValueError(
-                f"rejected answer: listed_prefix_tokens {self.listed_prefix_tokens} leaves none of the "
-                f"{len(self.response_token_ids)} response tokens"
-            )
+        check_answer(self, "rejected answer: ", "")
 
 
 class Step(Struct, frozen=True, kw_only=True):
@@ -114,16 +120,7 @@ class Step(Struct, frozen=True, kw_only=True):
     rejected: list[RejectedAnswer] = []  # invalid draws of this turn not played (prompt as above)
 
     def __post_init__(self) -> None:
-        if len(self.behaviour_logprobs) != len(self.response_token_ids):
-            raise ValueError(
-                f"behaviour_logprobs has {len(self.behaviour_logprobs)} values for "
-                f"{len(self.response_token_ids)} response_token_ids (step {self.index})"
-            )
-        if self.listed_prefix_tokens > 0 and self.listed_prefix_tokens >= len(self.response_token_ids):
-            raise ValueError(
-                f"listed_prefix_tokens {self.listed_prefix_tokens} leaves none of the "
-                f"{len(self.response_token_ids)} response tokens (step {self.index})"
-            )
+        check_answer(self, "", f" (step {self.index})")
 
 
 # --- forge.trajectories (key request_id): actors -> judges ---

@@ -63,15 +63,20 @@ def answer(text: str, logprob: float) -> Completion:
                       finish_reason="stop", version=3)  # fmt: skip
 
 
-def test_a_redrawn_turn_plays_the_first_listed_answer_with_its_own_logprobs() -> None:
+def two_live_episodes() -> tuple[list[LiveEpisode], list[str], list[str]]:
+    """Two rollouts of one level-2 household task at their first turn: episodes, prompts, listed actions
+    (take candle 1 from sofa 1, take cup 1 from table 1, ...)."""
     env = get_environment("household")
     task = env.sample_task(2, random.Random(3))
     request = RolloutRequest(request_id="r", task=task, n=2)
     live = [
         LiveEpisode(RequestRun(record(0, 0), request, remaining=2), i, env.reset(task), 40) for i in (0, 1)
     ]
-    prompts = [ep.episode.prompt() for ep in live]
-    listed = live[0].episode.admissible()
+    return live, [ep.episode.prompt() for ep in live], live[0].episode.admissible()
+
+
+def test_a_redrawn_turn_plays_the_first_listed_answer_with_its_own_logprobs() -> None:
+    live, prompts, listed = two_live_episodes()
     groups = [
         [
             answer("\\boxed{ fly to mars}", -1.0),
@@ -94,14 +99,7 @@ def test_a_redrawn_turn_keeps_the_invalid_draws_it_passed_over(model_home: None,
     from infra.models import load_trainable
 
     _, tokenizer = load_trainable(POLICY, role="policy", workdir=tmp_path)
-    env = get_environment("household")
-    task = env.sample_task(2, random.Random(3))
-    request = RolloutRequest(request_id="r", task=task, n=2)
-    live = [
-        LiveEpisode(RequestRun(record(0, 0), request, remaining=2), i, env.reset(task), 40) for i in (0, 1)
-    ]
-    prompts = [ep.episode.prompt() for ep in live]
-    listed = live[0].episode.admissible()
+    live, prompts, listed = two_live_episodes()
 
     def draw(text: str) -> Completion:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
