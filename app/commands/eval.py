@@ -11,6 +11,7 @@ import typer
 from app.cli import ConfigOpt, app, build_config, domain_flags, fail
 
 MODES = ("sampled", "greedy", "redraw")
+REDRAW = 8  # answers drawn per turn in the redraw mode unless --redraw says
 
 
 def parse_levels(text: str) -> list[int]:
@@ -86,7 +87,9 @@ def evaluate(
     redraw: Annotated[
         int | None,
         typer.Option(
-            min=2, max=64, help="Answers drawn per turn in the redraw mode (as actor.redraw plays; 8)."
+            min=2,
+            max=64,
+            help=f"Answers drawn per turn in the redraw mode (as actor.redraw plays; {REDRAW}).",
         ),
     ] = None,
     max_steps: Annotated[int, typer.Option(min=1, max=200)] = 40,
@@ -111,7 +114,7 @@ def evaluate(
         fail("--modes none measures nothing without --reward-model")
     if redraw is not None and "redraw" not in wanted:
         fail(f"--redraw {redraw} sets the redraw mode's draws, and --modes {modes!r} does not play it")
-    redraw = redraw or 8
+    redraw = redraw or REDRAW
     level_list = parse_levels(levels)
 
     from envs import get_environment
