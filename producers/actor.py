@@ -117,14 +117,17 @@ def clamp_logprobs(values: list[float]) -> list[float]:
     return [min(0.0, max(-1e30, v)) for v in values]
 
 
+def spelled_tokens(tokenizer: Any, completion: Any, chars: int) -> int:
+    """How many of an answer's tokens lie within its first `chars` characters (its listed prefix)."""
+    return tokens_within(tokenizer, list(completion.token_ids), chars) if chars else 0
+
+
 def rejected_answer(tokenizer: Any, completion: Any, actions: list[str]) -> RejectedAnswer:
     """An invalid draw that was not played, with the tokens that still spelled a listed action."""
-    tokens = list(completion.token_ids)
-    chars = listed_prefix(completion.text, actions)
     return RejectedAnswer(
-        response_token_ids=tokens,
+        response_token_ids=list(completion.token_ids),
         behaviour_logprobs=clamp_logprobs(list(completion.logprobs)),
-        listed_prefix_tokens=tokens_within(tokenizer, tokens, chars) if chars else 0,
+        listed_prefix_tokens=spelled_tokens(tokenizer, completion, listed_prefix(completion.text, actions)),
     )
 
 
@@ -147,7 +150,7 @@ def play_turn(
             rejected = [rejected_answer(tokenizer, c, actions) for c in passed]
         result = ep.episode.step(completion.text)
         chars = result.info.get("listed_prefix", 0) if tokenizer is not None else 0
-        prefix = tokens_within(tokenizer, list(completion.token_ids), int(chars)) if chars else 0
+        prefix = spelled_tokens(tokenizer, completion, int(chars))
         ep.steps.append(
             Step(
                 index=len(ep.steps),
