@@ -187,7 +187,7 @@ def test_invalid_draws_passed_over_are_pushed_down_by_the_penalty_alone() -> Non
     config = SignalsConfig(episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0)
     without = build_samples("A", group_a(), config)[0].samples
     policy = build_samples("A", rollouts, config)[0].samples
-    extra = {s.sample_key: s for s in policy}.keys() - {s.sample_key for s in without}
+    extra = {s.sample_key for s in policy} - {s.sample_key for s in without}
     assert extra == {"A/0/1/r0", "A/0/1/r1"}
     drawn = {s.sample_key: s for s in policy if s.sample_key in extra}
     assert [(s.advantage, s.reward, s.advantage_from) for s in drawn.values()] == [
