@@ -1,7 +1,7 @@
 """forgestream algorithm: the RLAnything math as pure functions (no I/O, nothing else of ours).
 
-Importing this package does not import torch: `policy_loss` (the only torch user) is loaded on
-first access, so roles that only need rewards start fast.
+Importing this package does not import torch: `policy_loss` and `listed_mass_loss` (the torch users)
+are loaded on first access, so roles that only need rewards start fast.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from algorithm.staleness import capacity, filter_stale
 from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
 
 if TYPE_CHECKING:
-    from algorithm.loss import policy_loss
+    from algorithm.loss import listed_mass_loss, policy_loss
 
 __all__ = [
     "HIGH",
@@ -50,6 +50,7 @@ __all__ = [
     "group_signals",
     "high_risk_steps",
     "integrated_rewards",
+    "listed_mass_loss",
     "policy_loss",
     "state_advantages",
     "step_advantages",
@@ -58,8 +59,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "policy_loss":
-        from algorithm.loss import policy_loss
+    if name in ("policy_loss", "listed_mass_loss"):
+        from algorithm import loss
 
-        return policy_loss
+        return getattr(loss, name)
     raise AttributeError(f"module 'algorithm' has no attribute {name!r}")

@@ -111,3 +111,24 @@ def policy_loss(
             ),
         }
     return loss, diagnostics
+
+
+def listed_mass_loss(answer_logprobs: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The listed-mass loss of a batch of states and each state's listed mass.
+
+    `answer_logprobs[i]` is [K_i]: the sequence logprob (summed over its tokens, eos included) of each
+    of state i's K_i listed answers. The listed mass of a state is the probability that the policy
+    answers with one of them, sum_k exp(logprob_k); the loss is the mean over states of -log of it
+    (a logsumexp, stable where the mass is tiny). Its gradient is -sum_k (p_k / mass) grad logprob_k:
+    every listed answer is raised in proportion to its share of the mass, so the policy's preferences
+    among them stay as they are while the mass grows. Returns (loss, masses [N], detached).
+    """
+    if not answer_logprobs:
+        raise ValueError("listed_mass_loss needs at least one state")
+    for i, lp in enumerate(answer_logprobs):
+        if lp.dim() != 1 or lp.shape[0] == 0:
+            raise ValueError(
+                f"state {i}: answer logprobs must be a non-empty [K], got shape {tuple(lp.shape)}"
+            )
+    log_mass = torch.stack([torch.logsumexp(lp, dim=0) for lp in answer_logprobs])
+    return -log_mass.mean(), log_mass.detach().exp()

@@ -24,6 +24,7 @@ from algorithm import (
     group_accuracy,
     high_risk_steps,
     integrated_rewards,
+    listed_mass_loss,
     policy_loss,
     state_advantages,
     step_advantages,
@@ -375,6 +376,21 @@ def test_policy_loss_token_advantages_and_empty() -> None:
     assert loss.item() == 0.0 and diag["kl"] == 0.0
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(logp, prox, behav, torch.zeros(2), mask)
+
+
+def test_listed_mass_loss_hand_computed() -> None:
+    """State A lists two answers of probability 0.2 and 0.3 (mass 0.5), state B one of 0.1: the loss is
+    the mean of -log 0.5 = 0.693147 and -log 0.1 = 2.302585; each answer's gradient is -(1/2) times its
+    share of its state's mass (0.4, 0.6; 1), so A's preference 0.2 : 0.3 is what the update keeps."""
+    a = torch.tensor([math.log(0.2), math.log(0.3)], requires_grad=True)
+    b = torch.tensor([math.log(0.1)], requires_grad=True)
+    loss, mass = listed_mass_loss([a, b])
+    assert loss.item() == approx((0.693147 + 2.302585) / 2, abs=1e-5)
+    assert mass.tolist() == approx([0.5, 0.1]) and not mass.requires_grad
+    loss.backward()
+    assert a.grad.tolist() == approx([-0.2, -0.3]) and b.grad.tolist() == approx([-0.5])
+    with pytest.raises(ValueError, match="state 1"):
+        listed_mass_loss([a, torch.zeros(0)])
 
 
 batch_shape = st.tuples(st.integers(1, 4), st.integers(1, 5))
