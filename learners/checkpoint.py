@@ -41,6 +41,7 @@ class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
     group: str = ""  # request id of the group it came from: batches and the staleness gate keep groups whole
     # response tokens before this one carry no loss (the part of an invalid answer that spelled a listed action)
     advantage_from: int = 0
+    listed_answers: list[list[int]] = []  # the state's listed actions' answers (the listed-mass loss)
 
     @property
     def group_id(self) -> str:

@@ -59,7 +59,8 @@ def build_samples(
     )
 
     def policy_sample(trajectory: Trajectory, step: Step, answer: Step | RejectedAnswer, key: str,
-                      advantage: float, reward: float, advantage_from: int) -> PolicySample:  # fmt: skip
+                      advantage: float, reward: float, advantage_from: int,
+                      listed_answers: list[list[int]] | None = None) -> PolicySample:  # fmt: skip
         return PolicySample(
             sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}{key}",
             task_id=trajectory.task.task_id,
@@ -70,6 +71,7 @@ def build_samples(
             advantage=finite(advantage),
             reward=finite(reward),
             advantage_from=advantage_from,
+            listed_answers=listed_answers or [],
         )
 
     policy: list[PolicySample] = []
@@ -77,7 +79,9 @@ def build_samples(
         trajectory = judged[target.rollout].trajectory
         step = trajectory.steps[target.step]
         start = step.listed_prefix_tokens if penalize_after_prefix and not step.valid_action else 0
-        policy.append(policy_sample(trajectory, step, step, "", target.advantage, target.reward, start))
+        # the step's listed answers ride on its played sample only (the state's draws share its prompt)
+        policy.append(policy_sample(trajectory, step, step, "", target.advantage, target.reward, start,
+                                    step.listed_answers))  # fmt: skip
     if config.invalid_penalty > 0:
         # the invalid draws an actor passed over (actor.redraw > 1) are pushed down as a played
         # invalid answer is; they had no turn, so no R (reward is the penalty too) and no baseline

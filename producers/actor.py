@@ -27,9 +27,10 @@ from typing import Any
 import anyio
 
 from envs import shared_environment
-from envs.base import Episode, listed_prefix
+from envs.base import Episode, boxed, listed_prefix
 from envs.play import first_valid
 from infra.bus import BatchConsumer, Bus, Record
+from infra.models.tokenizer import encode_response
 from infra.models.types import tokens_within
 from pipeline.serving import load_serving_model
 from schemas import topics
@@ -132,13 +133,22 @@ def rejected_answer(tokenizer: Any, completion: Any, actions: list[str]) -> Reje
 
 
 def play_turn(
-    live: list[LiveEpisode], prompts: list[str], completions: list[list[Any]], tokenizer: Any = None
+    live: list[LiveEpisode],
+    prompts: list[str],
+    completions: list[list[Any]],
+    tokenizer: Any = None,
+    listed_answers: bool = False,
 ) -> list[LiveEpisode]:
     """Apply one generated answer to each live episode (of several, the first valid one); returns the
     episodes that just ended. With the `tokenizer`, an invalid answer records how many of its tokens
-    still spelled a listed action, and so does each invalid draw passed over (`Step.rejected`)."""
+    still spelled a listed action, and so does each invalid draw passed over (`Step.rejected`); with
+    `listed_answers` too, each step records every listed action's answer as tokens (the listed-mass
+    loss), as the state listed them before the step."""
     ended = []
     for ep, prompt, group in zip(live, prompts, completions, strict=True):
+        listed = []
+        if tokenizer is not None and listed_answers:
+            listed = [encode_response(tokenizer, boxed(a)) for a in ep.episode.admissible()]
         completion = first_valid(ep.episode, group) if len(group) > 1 else group[0]
         # the draws before the played one were invalid; when none was valid (the first is played), all
         # the others are
@@ -164,6 +174,7 @@ def play_turn(
                 valid_action=result.valid_action,
                 listed_prefix_tokens=prefix,
                 rejected=rejected,
+                listed_answers=listed,
             )
         )
         if ep.episode.done or len(ep.steps) >= ep.max_steps:
@@ -182,6 +193,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     live: list[LiveEpisode] = []
     ended_at: collections.deque[float] = collections.deque(maxlen=64)
     turn = 0
+    listed = config.policy_learner.listed_mass_coef > 0  # steps carry their listed answers
     # rollouts per request, as the requests say (the first fetch takes one): sizes each fetch
     expected_n = cfg.parallel_episodes
 
@@ -309,7 +321,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     )
                     turn += 1
                     ended = await anyio.to_thread.run_sync(
-                        play_turn, list(live), prompts, completions, backend.tokenizer
+                        play_turn, list(live), prompts, completions, backend.tokenizer, listed
                     )
                     # --- publish finished rollouts, then commit what is wholly done ---
                     await publish(ended)

@@ -36,6 +36,7 @@ Domain = Literal["household", "arith", "code", "textworld", "textworld-custom"]
 TaskStatus = Literal["active", "pending", "retired"]
 Direction = Literal["harder", "easier"]
 ModelName = Literal["policy", "reward"]
+Answer = Annotated[list[Index], Meta(min_length=1)]  # an answer's token ids
 
 
 def now() -> float:
@@ -118,6 +119,9 @@ class Step(Struct, frozen=True, kw_only=True):
     valid_action: bool = True
     listed_prefix_tokens: Index = 0  # an invalid answer's leading tokens that still spell a listed action
     rejected: list[RejectedAnswer] = []  # invalid draws of this turn not played (prompt as above)
+    # every listed action's answer as the policy's tokens (eos included): what a valid answer could have
+    # been at this turn, for the listed-mass loss (`policy_learner.listed_mass_coef`); empty when off
+    listed_answers: list[Answer] = []
 
     def __post_init__(self) -> None:
         check_answer(self, "", f" (step {self.index})")
@@ -188,6 +192,7 @@ class PolicySample(Struct, frozen=True, kw_only=True):
     advantage: Finite
     reward: Finite  # integrated step reward R, for diagnostics
     advantage_from: Index = 0  # the first response token the advantage applies to (earlier ones: no loss)
+    listed_answers: list[Answer] = []  # the state's listed actions' answers (Step.listed_answers)
 
 
 class PolicySampleBatch(Event, frozen=True, kw_only=True):

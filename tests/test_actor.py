@@ -19,7 +19,7 @@ from infra.models.types import Completion
 from producers import actor
 from producers.actor import LiveEpisode, OffsetTracker, RequestRun
 from schemas import topics
-from schemas.config import ActorConfig, ModelConfig, RunConfig, SchedulerConfig
+from schemas.config import ActorConfig, ModelConfig, PolicyLearnerConfig, RunConfig, SchedulerConfig
 from schemas.events import RolloutRequest, Trajectory
 from tests.conftest import wait_records
 
@@ -126,10 +126,39 @@ def test_a_redrawn_turn_keeps_the_invalid_draws_it_passed_over(model_home: None,
     assert live[0].steps[1].rejected == [] and live[1].steps[1].rejected == []
 
 
-def test_redraw_needs_a_domain_that_lists_its_actions() -> None:
+def test_a_turn_records_the_listed_answers_as_the_state_listed_them(model_home: None, tmp_path: Path) -> None:
+    """With `listed_answers`, each step carries every action listed before it was played, as the
+    answer `\\boxed{ action}` + eos in the policy's tokens; without it, none."""
+    from infra.models import load_trainable
+
+    _, tokenizer = load_trainable(POLICY, role="policy", workdir=tmp_path)
+    live, prompts, listed = two_live_episodes()
+    played = tokenizer(boxed(listed[0]), add_special_tokens=False)["input_ids"]
+    move = Completion(text=boxed(listed[0]), token_ids=played, logprobs=[-1.0] * len(played),
+                      prompt_token_ids=[1], finish_reason="stop", version=3)  # fmt: skip
+    actor.play_turn(live, prompts, [[move], [move]], tokenizer, listed_answers=True)
+    step = live[0].steps[0]
+    assert len(step.listed_answers) == len(listed) >= 3
+    for action, tokens in zip(listed, step.listed_answers, strict=True):
+        assert tokens[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(tokens[:-1]) == boxed(action)
+    assert step.listed_answers[0] == played + [tokenizer.eos_token_id]
+    assert live[0].episode.admissible() != listed  # the list changed with the move; the step kept the old
+    actor.play_turn(live, [ep.episode.prompt() for ep in live], [[move], [move]], tokenizer)
+    assert live[0].steps[1].listed_answers == []
+
+
+def test_redraw_and_the_listed_mass_need_a_domain_that_lists_its_actions() -> None:
     RunConfig(actor=ActorConfig(redraw=8))  # household lists them
     with pytest.raises(ValueError, match=r"actor.redraw \(8\).*scheduler.domain 'arith'"):
         RunConfig(actor=ActorConfig(redraw=8), scheduler=SchedulerConfig(domain="arith"))
+    with pytest.raises(
+        ValueError, match=r"policy_learner.listed_mass_coef \(1.0\).*scheduler.domain 'arith'"
+    ):
+        RunConfig(
+            policy_learner=PolicyLearnerConfig(listed_mass_coef=1.0),
+            scheduler=SchedulerConfig(domain="arith"),
+        )
 
 
 # --- run() against the broker --------------------------------------------------------------------

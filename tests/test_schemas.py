@@ -31,6 +31,7 @@ def step(index: int = 0) -> ev.Step:
         behaviour_logprobs=[-0.1, -2.5],
         policy_version=3,
         observation="ok",
+        listed_answers=[[4, 5], [6, 5]],
     )
 
 
@@ -78,6 +79,7 @@ def samples() -> dict[type[msgspec.Struct], msgspec.Struct]:
                     policy_version=3,
                     advantage=-1.25,
                     reward=0.5,
+                    listed_answers=[[3], [4, 3]],
                 )
             ],
         ),
@@ -214,6 +216,13 @@ MALFORMED = [
         ["steps", 0, "rejected"],
         [{"response_token_ids": [4, 5], "behaviour_logprobs": [-0.1]}],
         "rejected answer: behaviour_logprobs",
+    ),
+    (
+        "empty-listed-answer",
+        S[ev.Trajectory],
+        ["steps", 0, "listed_answers"],
+        [[4, 2], []],
+        "listed_answers[1]",
     ),
     ("bad-sha", S[ev.WeightsPublished], ["sha256"], "xyz", "sha256"),
     ("accuracy-range", S[ev.TaskEvent], ["accuracy"], 1.5, "$.accuracy"),

@@ -212,6 +212,24 @@ def test_invalid_draws_passed_over_are_pushed_down_by_the_penalty_alone() -> Non
     ]
 
 
+def test_a_steps_listed_answers_ride_on_its_played_sample_only() -> None:
+    """The listed answers of a step (the listed-mass loss) go with the sample of the answer it played,
+    once per state: not with the invalid draws passed over there, nor with other steps' samples."""
+    rollouts = group_a()
+    steps = list(rollouts[0].trajectory.steps)
+    listed = [[3, 4, 2], [5, 2]]
+    draw = RejectedAnswer(response_token_ids=[7, 8], behaviour_logprobs=[-0.5, -1.0])
+    steps[1] = msgspec.structs.replace(steps[1], rejected=[draw], listed_answers=listed)
+    rollouts[0] = msgspec.structs.replace(
+        rollouts[0], trajectory=msgspec.structs.replace(rollouts[0].trajectory, steps=steps)
+    )
+    config = SignalsConfig(episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0)
+    policy = {s.sample_key: s for s in build_samples("A", rollouts, config)[0].samples}
+    assert "A/0/1" in policy and "A/0/1/r0" in policy and len(policy) > 2
+    assert {key for key, s in policy.items() if s.listed_answers} == {"A/0/1"}
+    assert policy["A/0/1"].listed_answers == listed
+
+
 def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:
     """invalid_penalty 1: rollout 1's step 1 (an invalid answer) gets advantage -1; step index 1 then has
     one valid step (rollout 0's R = 1), which alone has no baseline and trains nothing (it got +1 against
