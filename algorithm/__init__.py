@@ -1,7 +1,7 @@
 """forgestream algorithm: the RLAnything math as pure functions (no I/O, nothing else of ours).
 
-Importing this package does not import torch: `policy_loss` and `listed_mass_loss` (the torch users)
-are loaded on first access, so roles that only need rewards start fast.
+Importing this package does not import torch: `algorithm.loss` (the policy loss and the listed-token
+loss) is loaded on first access, so roles that only need rewards start fast.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from algorithm.rewards import (
     consistency_rewards,
     cure_test_raw,
     cure_test_rewards,
+    first_unlisted_token,
     format_advantages,
     integrated_rewards,
     state_advantages,
@@ -26,7 +27,7 @@ from algorithm.staleness import capacity, filter_stale
 from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
 
 if TYPE_CHECKING:
-    from algorithm.loss import listed_mass_loss, policy_loss
+    from algorithm.loss import listed_token_loss, policy_loss
 
 __all__ = [
     "HIGH",
@@ -45,12 +46,13 @@ __all__ = [
     "cure_test_rewards",
     "direction",
     "filter_stale",
+    "first_unlisted_token",
     "format_advantages",
     "group_accuracy",
     "group_signals",
     "high_risk_steps",
     "integrated_rewards",
-    "listed_mass_loss",
+    "listed_token_loss",
     "policy_loss",
     "state_advantages",
     "step_advantages",
@@ -59,7 +61,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("policy_loss", "listed_mass_loss"):
+    if name in ("policy_loss", "listed_token_loss"):
         from algorithm import loss
 
         return getattr(loss, name)

@@ -113,22 +113,24 @@ def policy_loss(
     return loss, diagnostics
 
 
-def listed_mass_loss(answer_logprobs: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The listed-mass loss of a batch of states and each state's listed mass.
+def listed_token_loss(next_logprobs: Tensor, allowed: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """The listed-token loss of a batch of answers that left the listed answers, and each one's mass.
 
-    `answer_logprobs[i]` is [K_i]: the sequence logprob (summed over its tokens, eos included) of each
-    of state i's K_i listed answers. The listed mass of a state is the probability that the policy
-    answers with one of them, sum_k exp(logprob_k); the loss is the mean over states of -log of it
-    (a logsumexp, stable where the mass is tiny). Its gradient is -sum_k (p_k / mass) grad logprob_k:
-    every listed answer is raised in proportion to its share of the mass, so the policy's preferences
-    among them stay as they are while the mass grows. Returns (loss, masses [N], detached).
+    `next_logprobs` is [N, V]: the policy's next-token logprobs at the token where answer i left every
+    listed answer; `allowed[i]` the tokens that would have stayed on one (`first_unlisted_token`). The
+    mass of row i is the probability of an allowed token there; the loss is the mean over rows of -log
+    of it. At one softmax its gradient moves the logits toward the distribution renormalised over the
+    allowed tokens: the mass of the tokens that leave the list goes to those that stay, in proportion to
+    what the policy gave each, and nothing before that token is trained. Returns (loss, masses [N],
+    detached).
     """
-    if not answer_logprobs:
-        raise ValueError("listed_mass_loss needs at least one state")
-    for i, lp in enumerate(answer_logprobs):
-        if lp.dim() != 1 or lp.shape[0] == 0:
-            raise ValueError(
-                f"state {i}: answer logprobs must be a non-empty [K], got shape {tuple(lp.shape)}"
-            )
-    log_mass = torch.stack([torch.logsumexp(lp, dim=0) for lp in answer_logprobs])
+    if next_logprobs.dim() != 2 or next_logprobs.shape[0] != len(allowed) or not allowed:
+        raise ValueError(
+            f"next_logprobs must be [N, V] with N = {len(allowed)} > 0, got shape {tuple(next_logprobs.shape)}"
+        )
+    for i, tokens in enumerate(allowed):
+        if not tokens:
+            raise ValueError(f"row {i}: no allowed token")
+    rows = zip(next_logprobs, allowed, strict=True)
+    log_mass = torch.stack([torch.logsumexp(row[torch.tensor(tokens)], dim=0) for row, tokens in rows])
     return -log_mass.mean(), log_mass.detach().exp()

@@ -97,6 +97,26 @@ def format_advantages(
             for adv, row in zip(advantages, invalid, strict=True)]  # fmt: skip
 
 
+def first_unlisted_token(response: list[int], listed: list[list[int]]) -> tuple[int, list[int]] | None:
+    """Where an answer first leaves every listed answer, and the tokens that would have stayed on one.
+
+    `listed` are the state's listed answers as tokens. Returns (t, allowed): `response[:t]` begins at
+    least one listed answer, `response[t]` continues none, and `allowed` (sorted) are the tokens those
+    listed answers have at t. None when the answer never leaves them (it is a listed answer, or the
+    beginning of one) or when nothing is listed.
+    """
+    candidates = [a for a in listed if a]
+    for t, token in enumerate(response):
+        here = [a for a in candidates if len(a) > t]
+        if not here:
+            return None  # past the end of every listed answer it matched: nothing to stay on
+        following = [a for a in here if a[t] == token]
+        if not following:
+            return t, sorted({a[t] for a in here})
+        candidates = following
+    return None
+
+
 def _zscore_by_key(
     rewards: Sequence[Sequence[float]], keys: Sequence[Sequence[Hashable]]
 ) -> list[list[float]]:

@@ -41,7 +41,9 @@ class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
     group: str = ""  # request id of the group it came from: batches and the staleness gate keep groups whole
     # response tokens before this one carry no loss (the part of an invalid answer that spelled a listed action)
     advantage_from: int = 0
-    listed_answers: list[list[int]] = []  # the state's listed actions' answers (the listed-mass loss)
+    # the listed-token loss: where an invalid answer left the listed answers, the tokens that stayed on one
+    unlisted_at: int = 0
+    listed_tokens: list[int] = []
 
     @property
     def group_id(self) -> str:

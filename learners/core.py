@@ -3,7 +3,7 @@
 Consumes: sample batches (PolicySampleBatch / RewardSampleBatch) from one topic, group-consumed.
 Produces: WeightsPublished on forge.weights (key = model name; bytes in the weight store),
           metrics learner/<name>/{version,loss,kl,clip_fraction,is_weight_mean,lr,tokens_per_s,grad_norm,
-          dropped_stale,dropped_invalid,duplicates,samples_trained,listed_mass} and `staleness` (mean over the
+          dropped_stale,dropped_invalid,duplicates,samples_trained,listed_token_mass} and `staleness` (mean over the
           samples of a step, label model=<name>).
 Loop: consume -> dedupe by group (a request trains once) -> drop whole groups older than version - eta
 -> a batch of whole groups -> proximal logprobs once (no grad) -> `minibatches` shuffled steps (token-budget
@@ -39,9 +39,9 @@ import anyio
 import torch
 from torch import Tensor
 
-from algorithm import filter_stale, listed_mass_loss, policy_loss
+from algorithm import filter_stale, listed_token_loss, policy_loss
 from infra.bus import BatchConsumer, Bus, Record
-from infra.models import answer_logprobs, load_trainable, sequence_logprobs
+from infra.models import load_trainable, next_token_logprobs, sequence_logprobs
 from infra.weights import WeightStore
 from learners import checkpoint as ckpt
 from learners.checkpoint import LearnerState, TrainSample
@@ -67,13 +67,14 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
     model does not have: it would fail in the embedding, after the checkpoint kept it) are counted."""
     out, invalid = [], 0
     for s in batch.samples:
-        listed = getattr(s, "listed_answers", [])
+        listed = getattr(s, "listed_tokens", [])
         if (
             not s.response_token_ids
             or not s.prompt_token_ids
             or len(s.behaviour_logprobs) != len(s.response_token_ids)
-            or max(max(s.prompt_token_ids), max(s.response_token_ids), *map(max, listed)) >= vocab_size
+            or max(s.prompt_token_ids + s.response_token_ids + listed) >= vocab_size
             or getattr(s, "advantage_from", 0) >= len(s.response_token_ids)
+            or (listed and s.unlisted_at >= len(s.response_token_ids))
         ):
             invalid += 1
             continue
@@ -87,7 +88,8 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
                 advantage=s.advantage,
                 group=batch.request_id,
                 advantage_from=getattr(s, "advantage_from", 0),
-                listed_answers=[list(a) for a in listed],
+                unlisted_at=getattr(s, "unlisted_at", 0),
+                listed_tokens=list(listed),
             )
         )
     return out, invalid
@@ -153,7 +155,7 @@ class StepStats:
     ref_kl: float = 0.0
     clip_fraction: float = 0.0
     is_weight_mean: float = 0.0
-    listed_mass: float = 0.0  # mean probability of answering a listed action, over samples with the list
+    listed_token_mass: float = 0.0  # mean probability of staying on a listed answer where answers left them
     grad_norm: float = 0.0
     lr: float = 0.0
     samples: int = 0
@@ -211,7 +213,7 @@ class Trainer:
             )
         self.engine, self.cfg, self.temperature = engine, cfg, temperature
         self.reference = reference if cfg.ref_kl_coef > 0 else None
-        self.listed_mass_coef = cfg.listed_mass_coef if isinstance(cfg, PolicyLearnerConfig) else 0.0
+        self.listed_token_coef = cfg.listed_token_coef if isinstance(cfg, PolicyLearnerConfig) else 0.0
 
     def logprobs(self, samples: list[TrainSample], module: torch.nn.Module | None = None) -> list[Tensor]:
         return sequence_logprobs(
@@ -317,29 +319,29 @@ class Trainer:
             tokens_seen += ntok
         for name in ("kl", "ref_kl", "clip_fraction", "is_weight_mean"):
             setattr(stats, name, getattr(stats, name) / max(tokens_seen, 1))
-        if self.listed_mass_coef > 0:
-            stats.listed_mass = self._listed_mass_backward([s for s in samples if s.listed_answers])
+        if self.listed_token_coef > 0:
+            stats.listed_token_mass = self._listed_token_backward([s for s in samples if s.listed_tokens])
         stats.grad_norm = self.engine.step()
         stats.seconds = time.perf_counter() - start
         return stats
 
-    def _listed_mass_backward(self, listed: list[TrainSample]) -> float:
-        """Back-propagate listed_mass_coef x the listed-mass loss (mean over `listed`), micro-batched by
-        whole samples (the loss is a sum over samples, so each micro-batch backs up on its own; a
-        sample's size is its prompt plus its answers); returns the mean listed mass."""
-        rows = [len(s.prompt_ids) + sum(map(len, s.listed_answers)) for s in listed]
+    def _listed_token_backward(self, rows: list[TrainSample]) -> float:
+        """Back-propagate listed_token_coef x the listed-token loss (mean over `rows`, the samples whose
+        answer left the listed answers), micro-batched (the loss is a sum over samples, so each
+        micro-batch backs up on its own); returns the mean probability of staying listed there."""
+        sizes = [len(s.prompt_ids) + s.unlisted_at for s in rows]
         masses = 0.0
-        for mb in self._aligned(pack_micro_batches(rows, self.cfg.micro_batch_tokens)):
+        for mb in self._aligned(pack_micro_batches(sizes, self.cfg.micro_batch_tokens)):
             if not mb:
                 self.engine.backward(self._zero_loss())
                 continue
-            group = [listed[i] for i in mb]
-            per_state = answer_logprobs(self.engine.module, [s.prompt_ids for s in group],
-                                        [s.listed_answers for s in group], self.temperature)  # fmt: skip
-            loss, mass = listed_mass_loss(per_state)
-            self.engine.backward(loss * (self.listed_mass_coef * len(mb) / len(listed)))
+            group = [rows[i] for i in mb]
+            logprobs = next_token_logprobs(self.engine.module, [s.prompt_ids for s in group],
+                                           [s.response_ids[: s.unlisted_at] for s in group], self.temperature)  # fmt: skip
+            loss, mass = listed_token_loss(logprobs, [s.listed_tokens for s in group])
+            self.engine.backward(loss * (self.listed_token_coef * len(mb) / len(rows)))
             masses += float(mass.sum())
-        return masses / len(listed) if listed else 0.0
+        return masses / len(rows) if rows else 0.0
 
 
 def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
@@ -624,5 +626,5 @@ async def _report(bus: Bus, consumer: Any, name: str, step: LearnerStep) -> None
         ("tokens_per_s", s.tokens_per_s),
     ):
         await bus.metric(f"learner/{name}/{metric}", value, step=v)
-    if s.listed_mass > 0:  # the listed-mass loss is on (policy_learner.listed_mass_coef)
-        await bus.metric(f"learner/{name}/listed_mass", s.listed_mass, step=v)
+    if s.listed_token_mass > 0:  # the listed-token loss is on (policy_learner.listed_token_coef)
+        await bus.metric(f"learner/{name}/listed_token_mass", s.listed_token_mass, step=v)

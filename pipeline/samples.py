@@ -59,8 +59,11 @@ def build_samples(
     )
 
     def policy_sample(trajectory: Trajectory, step: Step, answer: Step | RejectedAnswer, key: str,
-                      advantage: float, reward: float, advantage_from: int,
-                      listed_answers: list[list[int]] | None = None) -> PolicySample:  # fmt: skip
+                      advantage: float, reward: float, advantage_from: int) -> PolicySample:  # fmt: skip
+        # an invalid answer of a step that lists its answers: where it left them (the listed-token loss)
+        left = None
+        if step.listed_answers and not (answer is step and step.valid_action):
+            left = algorithm.first_unlisted_token(answer.response_token_ids, step.listed_answers)
         return PolicySample(
             sample_key=f"{request_id}/{trajectory.rollout_index}/{step.index}{key}",
             task_id=trajectory.task.task_id,
@@ -71,7 +74,8 @@ def build_samples(
             advantage=finite(advantage),
             reward=finite(reward),
             advantage_from=advantage_from,
-            listed_answers=listed_answers or [],
+            unlisted_at=left[0] if left else 0,
+            listed_tokens=left[1] if left else [],
         )
 
     policy: list[PolicySample] = []
@@ -79,15 +83,14 @@ def build_samples(
         trajectory = judged[target.rollout].trajectory
         step = trajectory.steps[target.step]
         start = step.listed_prefix_tokens if penalize_after_prefix and not step.valid_action else 0
-        # the step's listed answers ride on its played sample only (the state's draws share its prompt)
-        policy.append(policy_sample(trajectory, step, step, "", target.advantage, target.reward, start,
-                                    step.listed_answers))  # fmt: skip
-    if config.invalid_penalty > 0:
-        # the invalid draws an actor passed over (actor.redraw > 1) are pushed down as a played
-        # invalid answer is; they had no turn, so no R (reward is the penalty too) and no baseline
-        penalty = -config.invalid_penalty
-        for trajectory in (j.trajectory for j in judged):
-            for step in trajectory.steps:
+        policy.append(policy_sample(trajectory, step, step, "", target.advantage, target.reward, start))
+    # the invalid draws an actor passed over (actor.redraw > 1) are pushed down as a played invalid
+    # answer is; they had no turn, so no R (reward is the penalty too) and no baseline. With the steps'
+    # listed answers (the listed-token loss is on) they are kept at any penalty, 0 included
+    penalty = 0.0 - config.invalid_penalty  # (0.0 - 0.0 is 0.0, not -0.0)
+    for trajectory in (j.trajectory for j in judged):
+        for step in trajectory.steps:
+            if config.invalid_penalty > 0 or step.listed_answers:
                 for k, draw in enumerate(step.rejected):
                     start = draw.listed_prefix_tokens if penalize_after_prefix else 0
                     policy.append(policy_sample(trajectory, step, draw, f"/r{k}", penalty, penalty, start))

@@ -396,13 +396,14 @@ class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
     `up`: 0.565 [0.50, 0.63] and 0.45 (run seeds 0, 1), 0.47 after a 15-minute `make run`; at 3e-4 with 4
     passes (16 steps per batch) it fell to 0.31 [0.25, 0.38] (200 tasks, sampled, seed 7). Less harm,
     not yet a reliable gain."""
-    listed_mass_coef: NonNegFloat = 0.0
-    """Weight of the listed-mass loss, -log of the probability that the policy answers with one of the
-    state's listed actions (each listed answer scored exactly by teacher forcing, summed), averaged over
-    a step's samples that carry the list (`Step.listed_answers`; the actor records them when this is
-    > 0, domains with listed actions only). Its gradient raises each valid answer in proportion to its
-    probability, so it teaches the format without choosing among the valid answers; the policy loss
-    still does that. Costs one forward per listed answer of each sample. 0 = off."""
+    listed_token_coef: NonNegFloat = 0.0
+    """Weight of the listed-token loss: at the token where an invalid answer (played, or a draw passed
+    over under `actor.redraw`) first left every listed answer, -log of the probability of the tokens that
+    would have stayed on one, averaged over such answers. The mass of the leaving tokens goes to the
+    staying ones in proportion to what the policy gave each; the tokens before (its choice of verb and
+    object) are not trained. The actor records the listed answers when this is > 0 (domains with listed
+    actions only), and signals then keeps every passed-over draw as a sample (advantage
+    -`signals.invalid_penalty`, 0 by default). 0 = off."""
 
 
 class RewardLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
@@ -461,8 +462,8 @@ class RunConfig(Config, frozen=True, kw_only=True):
             (self.actor.redraw == 1 or self.scheduler.domain in LISTED_ACTION_DOMAINS,
              f"actor.redraw ({self.actor.redraw}) needs a domain that lists its actions "
              f"({', '.join(LISTED_ACTION_DOMAINS)}), not scheduler.domain {self.scheduler.domain!r}"),
-            (self.policy_learner.listed_mass_coef == 0 or self.scheduler.domain in LISTED_ACTION_DOMAINS,
-             f"policy_learner.listed_mass_coef ({self.policy_learner.listed_mass_coef}) needs a domain that "
+            (self.policy_learner.listed_token_coef == 0 or self.scheduler.domain in LISTED_ACTION_DOMAINS,
+             f"policy_learner.listed_token_coef ({self.policy_learner.listed_token_coef}) needs a domain that "
              f"lists its actions ({', '.join(LISTED_ACTION_DOMAINS)}), not scheduler.domain "
              f"{self.scheduler.domain!r}"),
             (self.forge.low <= self.forge.high, f"forge.low ({self.forge.low}) > forge.high ({self.forge.high})"),

@@ -120,7 +120,7 @@ class Step(Struct, frozen=True, kw_only=True):
     listed_prefix_tokens: Index = 0  # an invalid answer's leading tokens that still spell a listed action
     rejected: list[RejectedAnswer] = []  # invalid draws of this turn not played (prompt as above)
     # every listed action's answer as the policy's tokens (eos included): what a valid answer could have
-    # been at this turn, for the listed-mass loss (`policy_learner.listed_mass_coef`); empty when off
+    # been at this turn, for the listed-token loss (`policy_learner.listed_token_coef`); empty when off
     listed_answers: list[Answer] = []
 
     def __post_init__(self) -> None:
@@ -192,7 +192,10 @@ class PolicySample(Struct, frozen=True, kw_only=True):
     advantage: Finite
     reward: Finite  # integrated step reward R, for diagnostics
     advantage_from: Index = 0  # the first response token the advantage applies to (earlier ones: no loss)
-    listed_answers: list[Answer] = []  # the state's listed actions' answers (Step.listed_answers)
+    # where an invalid answer left every listed answer (Step.listed_answers) and the tokens that would
+    # have stayed on one there: the listed-token loss (`policy_learner.listed_token_coef`); empty = none
+    unlisted_at: Index = 0
+    listed_tokens: list[Index] = []
 
 
 class PolicySampleBatch(Event, frozen=True, kw_only=True):

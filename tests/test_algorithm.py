@@ -20,11 +20,12 @@ from algorithm import (
     cure_test_rewards,
     direction,
     filter_stale,
+    first_unlisted_token,
     format_advantages,
     group_accuracy,
     high_risk_steps,
     integrated_rewards,
-    listed_mass_loss,
+    listed_token_loss,
     policy_loss,
     state_advantages,
     step_advantages,
@@ -378,19 +379,30 @@ def test_policy_loss_token_advantages_and_empty() -> None:
         policy_loss(logp, prox, behav, torch.zeros(2), mask)
 
 
-def test_listed_mass_loss_hand_computed() -> None:
-    """State A lists two answers of probability 0.2 and 0.3 (mass 0.5), state B one of 0.1: the loss is
-    the mean of -log 0.5 = 0.693147 and -log 0.1 = 2.302585; each answer's gradient is -(1/2) times its
-    share of its state's mass (0.4, 0.6; 1), so A's preference 0.2 : 0.3 is what the update keeps."""
-    a = torch.tensor([math.log(0.2), math.log(0.3)], requires_grad=True)
-    b = torch.tensor([math.log(0.1)], requires_grad=True)
-    loss, mass = listed_mass_loss([a, b])
-    assert loss.item() == approx((0.693147 + 2.302585) / 2, abs=1e-5)
-    assert mass.tolist() == approx([0.5, 0.1]) and not mass.requires_grad
+def test_first_unlisted_token_finds_where_an_answer_left_every_listed_one() -> None:
+    listed = [[5, 6, 7, 2], [5, 6, 8, 2], [5, 9, 2], [4, 2]]
+    assert first_unlisted_token([5, 6, 3, 2], listed) == (2, [7, 8])  # left "5 6" at its third token
+    assert first_unlisted_token([5, 3], listed) == (1, [6, 9])
+    assert first_unlisted_token([3, 5, 6], listed) == (0, [4, 5])  # wrong from the first token
+    assert first_unlisted_token([5, 9, 2], listed) is None  # a listed answer
+    assert first_unlisted_token([5, 6], listed) is None  # the beginning of one (cut short)
+    assert first_unlisted_token([4, 2, 7], listed) is None  # past the end of the one it spelled
+    assert first_unlisted_token([5, 6], []) is None
+
+
+def test_listed_token_loss_hand_computed() -> None:
+    """Row 0 gives the allowed tokens 1 and 2 probabilities 0.2 and 0.3 (mass 0.5), row 1 its allowed
+    token 3 0.4: the loss is the mean of -log 0.5 = 0.693147 and -log 0.4 = 0.916291. Through the
+    log-softmax, row 0's logit gradient is (pi - q) / 2 with q the renormalised allowed part (0, 0.4,
+    0.6, 0): 0.05, -0.1, -0.15, 0.2, so the allowed tokens keep their ratio 0.2 : 0.3."""
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]])).requires_grad_(True)
+    loss, mass = listed_token_loss(torch.log_softmax(logits, dim=-1), [[1, 2], [3]])
+    assert loss.item() == approx((0.693147 + 0.916291) / 2, abs=1e-5)
+    assert mass.tolist() == approx([0.5, 0.4]) and not mass.requires_grad
     loss.backward()
-    assert a.grad.tolist() == approx([-0.2, -0.3]) and b.grad.tolist() == approx([-0.5])
-    with pytest.raises(ValueError, match="state 1"):
-        listed_mass_loss([a, torch.zeros(0)])
+    assert logits.grad[0].tolist() == approx([0.05, -0.1, -0.15, 0.2], abs=1e-6)
+    with pytest.raises(ValueError, match="row 1"):
+        listed_token_loss(torch.zeros(2, 4), [[1], []])
 
 
 batch_shape = st.tuples(st.integers(1, 4), st.integers(1, 5))

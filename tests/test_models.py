@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from envs.base import boxed, listed_prefix
-from infra.models import answer_logprobs, load_backend, load_trainable, prepare_preset, sequence_logprobs
+from infra.models import load_backend, load_trainable, next_token_logprobs, prepare_preset, sequence_logprobs
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
 from infra.models.tokenizer import encode_prompt, encode_response
@@ -234,25 +234,20 @@ def test_sequence_logprobs_shapes_grads_and_greedy_convention():
     assert torch.allclose(alone[0], one[1], atol=TOL)  # right padding does not leak into a sample
 
 
-def test_answer_logprobs_equal_the_summed_sequence_logprobs_with_their_gradients():
-    """Several answers per prompt, each prompt run once with its cache: the same sums and gradients as
-    scoring every (prompt, answer) pair on its own; prompts of different lengths (left padding) and
-    one-token answers included."""
+def test_next_token_logprobs_are_the_logprobs_a_next_token_would_get():
+    """After each prompt + prefix (empty included, lengths differing), every next token's logprob is the
+    one `sequence_logprobs` gives it as the last response token; rows are distributions."""
     model, _ = load_trainable(TINY, role="policy", workdir=WORKDIR)
-    prompts = [[1, 5, 6, 7, 8], [1, 7], [1, 9, 9]]
-    answers = [[[8, 9, 2], [10, 2], [2]], [[11, 12, 13, 2]], [[5, 2], [6, 7, 2]]]
-    fast = answer_logprobs(model, prompts, answers, 0.7)
-    sum(t.sum() for t in fast).backward()
-    fast_grad = model.model.embed_tokens.weight.grad.clone()
-    model.zero_grad()
-    pairs = [(p, a) for p, group in zip(prompts, answers, strict=True) for a in group]
-    slow = sequence_logprobs(model, [p for p, _ in pairs], [a for _, a in pairs], 0.7)
-    sum(t.sum() for t in slow).backward()
-    assert [t.shape[0] for t in fast] == [3, 1, 2]
-    assert torch.allclose(torch.cat(fast).detach(), torch.stack([t.sum() for t in slow]).detach(), atol=TOL)
-    assert torch.allclose(fast_grad, model.model.embed_tokens.weight.grad, atol=1e-4)
+    prompts, prefixes = [[1, 5, 6, 7], [1, 7], [1, 9]], [[8, 9], [], [10, 11, 12]]
+    with torch.no_grad():
+        rows = next_token_logprobs(model, prompts, prefixes, 0.7)
+        for i, (p, r) in enumerate(zip(prompts, prefixes, strict=True)):
+            for token in (2, 13, 40):
+                last = sequence_logprobs(model, [p], [r + [token]], 0.7)[0][-1]
+                assert abs(float(rows[i, token]) - float(last)) < TOL
+    assert torch.allclose(rows.exp().sum(1), torch.ones(3), atol=1e-5)
     with pytest.raises(ValueError, match="at least one token"):
-        answer_logprobs(model, prompts[:1], [[[]]], 0.7)
+        next_token_logprobs(model, [[]], [[3]], 0.7)
 
 
 def test_reward_pairs_are_balanced_and_labelled_by_the_oracle():

@@ -79,7 +79,8 @@ def samples() -> dict[type[msgspec.Struct], msgspec.Struct]:
                     policy_version=3,
                     advantage=-1.25,
                     reward=0.5,
-                    listed_answers=[[3], [4, 3]],
+                    unlisted_at=0,
+                    listed_tokens=[4, 5],
                 )
             ],
         ),

@@ -212,22 +212,32 @@ def test_invalid_draws_passed_over_are_pushed_down_by_the_penalty_alone() -> Non
     ]
 
 
-def test_a_steps_listed_answers_ride_on_its_played_sample_only() -> None:
-    """The listed answers of a step (the listed-mass loss) go with the sample of the answer it played,
-    once per state: not with the invalid draws passed over there, nor with other steps' samples."""
+def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
+    """With a step's listed answers (the listed-token loss is on), its played invalid answer and each
+    draw passed over carry the token where they left every listed answer and the tokens that would
+    have stayed on one; a valid answer carries none; the draws are kept at penalty 0, advantage 0."""
     rollouts = group_a()
     steps = list(rollouts[0].trajectory.steps)
-    listed = [[3, 4, 2], [5, 2]]
-    draw = RejectedAnswer(response_token_ids=[7, 8], behaviour_logprobs=[-0.5, -1.0])
-    steps[1] = msgspec.structs.replace(steps[1], rejected=[draw], listed_answers=listed)
+    listed = [[3, 4, 2], [3, 5, 2], [6, 2]]
+    draws = [
+        RejectedAnswer(response_token_ids=[6, 9], behaviour_logprobs=[-0.5, -1.0]),
+        RejectedAnswer(response_token_ids=[8], behaviour_logprobs=[-0.25]),
+    ]
+    steps[0] = msgspec.structs.replace(steps[0], listed_answers=listed)  # valid, as played
+    steps[1] = msgspec.structs.replace(steps[1], valid_action=False, response_token_ids=[3, 7],
+                                       behaviour_logprobs=[-0.1, -0.2], rejected=draws,
+                                       listed_answers=listed)  # fmt: skip
     rollouts[0] = msgspec.structs.replace(
         rollouts[0], trajectory=msgspec.structs.replace(rollouts[0].trajectory, steps=steps)
     )
-    config = SignalsConfig(episode_weighting=False, rm_lam=1.0, invalid_penalty=1.0)
-    policy = {s.sample_key: s for s in build_samples("A", rollouts, config)[0].samples}
-    assert "A/0/1" in policy and "A/0/1/r0" in policy and len(policy) > 2
-    assert {key for key, s in policy.items() if s.listed_answers} == {"A/0/1"}
-    assert policy["A/0/1"].listed_answers == listed
+    policy = {
+        s.sample_key: s
+        for s in build_samples("A", rollouts, SignalsConfig(episode_weighting=False))[0].samples
+    }
+    assert {"A/0/0", "A/0/1"} <= set(policy)
+    left = {key: (s.unlisted_at, s.listed_tokens) for key, s in policy.items() if s.listed_tokens}
+    assert left == {"A/0/1": (1, [4, 5]), "A/0/1/r0": (1, [2]), "A/0/1/r1": (0, [3, 6])}
+    assert [(policy[k].advantage, policy[k].reward) for k in ("A/0/1/r0", "A/0/1/r1")] == [(0.0, 0.0)] * 2
 
 
 def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:

@@ -77,21 +77,21 @@ def sequence_logprobs(
     return impl(model, prompt_ids, response_ids, temperature)
 
 
-def answer_logprobs(
-    model: Any, prompt_ids: list[list[int]], answers: list[list[list[int]]], temperature: float
-) -> list[torch.Tensor]:
-    """Summed logprob of each of several answers per prompt, each prompt run once (infra/models/logprobs.py)."""
-    from infra.models.logprobs import answer_logprobs as impl
+def next_token_logprobs(
+    model: Any, prompt_ids: list[list[int]], prefixes: list[list[int]], temperature: float
+) -> torch.Tensor:
+    """Next-token log-probabilities [B, V] after each prompt + answer prefix (infra/models/logprobs.py)."""
+    from infra.models.logprobs import next_token_logprobs as impl
 
-    return impl(model, prompt_ids, answers, temperature)
+    return impl(model, prompt_ids, prefixes, temperature)
 
 
 __all__ = [
     "Completion",
     "GenerationBackend",
-    "answer_logprobs",
     "load_backend",
     "load_trainable",
+    "next_token_logprobs",
     "prepare_preset",
     "prepare_run_models",
     "sequence_logprobs",
