@@ -22,7 +22,7 @@ from learners import checkpoint as ckpt
 from learners.checkpoint import LearnerState, TrainSample
 from learners.core import Trainer, pack_micro_batches, to_train_samples, warmup_lr, whole_groups
 from learners.engine import TorchEngine
-from schemas.config import LearnerConfig
+from schemas.config import LearnerConfig, PolicyLearnerConfig
 from tests.conftest import eventually
 
 torch.set_num_threads(1)
@@ -240,7 +240,6 @@ def test_listed_token_loss_raises_the_tokens_that_stay_listed() -> None:
     from msgspec.structs import replace
 
     from infra.models import next_token_logprobs
-    from schemas.config import PolicyLearnerConfig
 
     batch = [
         replace(s, unlisted_at=1, listed_tokens=[5 + i, 40 + i])
@@ -350,25 +349,29 @@ def tiny_model_dir(root: Path) -> Path:
     return folder
 
 
+# the role tests' learner: one optimizer step per batch unless a test asks for more (the plumbing
+# tests count steps), no reference KL
+ROLE_LEARNER = dict(
+    lr=1e-2,
+    batch_samples=4,
+    micro_batch_tokens=64,
+    poll_timeout_s=0.3,
+    minibatches=1,
+    epochs=1,
+    warmup_steps=0,
+    batch_wait_s=0.0,
+    ref_kl_coef=0.0,
+)
+
+
 def role_config(tmp_path: Path, kafka_config, eta: int = 2, **learner):
     from schemas.config import ModelConfig, OffPolicyConfig, RunConfig
 
-    # one optimizer step per batch unless a test asks for more: the plumbing tests count steps
-    defaults = dict(
-        lr=1e-2,
-        batch_samples=4,
-        micro_batch_tokens=64,
-        poll_timeout_s=0.3,
-        minibatches=1,
-        epochs=1,
-        warmup_steps=0,
-        batch_wait_s=0.0,
-    )
     return RunConfig(
         workdir=str(tmp_path / "work"),
         kafka=kafka_config,
         policy_model=ModelConfig(preset=f"hf:{tiny_model_dir(tmp_path)}", temperature=0.8),
-        policy_learner=LearnerConfig(**{**defaults, **learner}),
+        policy_learner=PolicyLearnerConfig(**{**ROLE_LEARNER, **learner}),
         off_policy=OffPolicyConfig(eta=eta),
     )
 
@@ -534,7 +537,6 @@ async def test_kill9_between_checkpoints_then_restart(tmp_path: Path, kafka_conf
 
 
 async def test_reward_role_trains_on_reward_samples(tmp_path: Path, kafka_config) -> None:
-    import msgspec
 
     from infra.bus import Bus
     from learners import reward
@@ -544,7 +546,7 @@ async def test_reward_role_trains_on_reward_samples(tmp_path: Path, kafka_config
 
     base = role_config(tmp_path, kafka_config)
     model = ModelConfig(preset=base.policy_model.preset, temperature=0.8)
-    learner = RewardLearnerConfig(**msgspec.structs.asdict(base.policy_learner))
+    learner = RewardLearnerConfig(**ROLE_LEARNER)
     config = msgspec_replace(base, reward_model=model, reward_learner=learner)
     root = Path(config.workdir) / "checkpoints" / "reward"
     samples = [
