@@ -24,6 +24,21 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def _right_padded_forward(
+    model: Any, prompt_ids: list[list[int]], continuations: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward over each prompt + continuation, right-padded with 0: (logits, input ids, mask)."""
+    device = next(model.parameters()).device
+    seqs = [list(p) + list(r) for p, r in zip(prompt_ids, continuations, strict=True)]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    for i, s in enumerate(seqs):
+        input_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        attention[i, : len(s)] = 1
+    return model(input_ids=input_ids, attention_mask=attention).logits, input_ids, attention
+
+
 def sequence_logprobs(
     model: Any, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float
 ) -> list[torch.Tensor]:
@@ -36,16 +51,8 @@ def sequence_logprobs(
         raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
     if not prompt_ids:
         return []
-    device = next(model.parameters()).device
-    seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
-    width = max(len(s) for s in seqs)
-    pad = 0
-    input_ids = torch.full((len(seqs), width), pad, dtype=torch.long, device=device)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
-    for i, s in enumerate(seqs):
-        input_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        attention[i, : len(s)] = 1
-    logits = model(input_ids=input_ids, attention_mask=attention).logits
+    logits, input_ids, _ = _right_padded_forward(model, prompt_ids, response_ids)
+    device = logits.device
     out: list[torch.Tensor] = []
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
         start, end = len(p), len(p) + len(r)
@@ -69,14 +76,6 @@ def next_token_logprobs(
         raise ValueError(f"{len(prompt_ids)} prompts but {len(prefixes)} prefixes")
     if any(not p for p in prompt_ids):
         raise ValueError("every prompt needs at least one token")
-    device = next(model.parameters()).device
-    seqs = [list(p) + list(r) for p, r in zip(prompt_ids, prefixes, strict=True)]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
-    for i, s in enumerate(seqs):
-        input_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        attention[i, : len(s)] = 1
-    logits = model(input_ids=input_ids, attention_mask=attention).logits
-    last = logits[torch.arange(len(seqs), device=device), attention.sum(1) - 1]
+    logits, _, attention = _right_padded_forward(model, prompt_ids, prefixes)
+    last = logits[torch.arange(len(prompt_ids), device=logits.device), attention.sum(1) - 1]
     return torch.log_softmax(last.float() / effective_temperature(temperature), dim=-1)
