@@ -72,7 +72,7 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
             not s.response_token_ids
             or not s.prompt_token_ids
             or len(s.behaviour_logprobs) != len(s.response_token_ids)
-            or max(s.prompt_token_ids + s.response_token_ids + listed) >= vocab_size
+            or max(max(s.prompt_token_ids), max(s.response_token_ids), max(listed, default=0)) >= vocab_size
             or getattr(s, "advantage_from", 0) >= len(s.response_token_ids)
             or (listed and s.unlisted_at >= len(s.response_token_ids))
         ):
