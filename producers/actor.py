@@ -146,18 +146,17 @@ def play_turn(
     loss), as the state listed them before the step."""
     ended = []
     for ep, prompt, group in zip(live, prompts, completions, strict=True):
-        listed = []
-        if tokenizer is not None and listed_answers:
-            listed = [encode_response(tokenizer, boxed(a)) for a in ep.episode.admissible()]
         completion = first_valid(ep.episode, group) if len(group) > 1 else group[0]
         # the draws before the played one were invalid; when none was valid (the first is played), all
         # the others are
         played = next(k for k, c in enumerate(group) if c is completion)
         passed = group[:played] if played else group[1:]
-        rejected = []
-        if tokenizer is not None and passed:
-            actions = ep.episode.admissible()
-            rejected = [rejected_answer(tokenizer, c, actions) for c in passed]
+        # the actions as listed before the step, asked once and only where used (only domains that list
+        # actions have them)
+        wanted = tokenizer is not None and (listed_answers or passed)
+        actions = ep.episode.admissible() if wanted else []
+        listed = [encode_response(tokenizer, boxed(a)) for a in actions] if listed_answers else []
+        rejected = [rejected_answer(tokenizer, c, actions) for c in passed] if wanted else []
         result = ep.episode.step(completion.text)
         chars = result.info.get("listed_prefix", 0) if tokenizer is not None else 0
         prefix = spelled_tokens(tokenizer, completion, int(chars))
