@@ -1,6 +1,6 @@
 """The `tiny` model preset: built here from the environments' own data, served by the plumbing.
 
-A Llama config (width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) with a word-level
+A Llama config (by default width 128, 4 layers, 4 heads, tied embeddings, ~0.9 M params) with a word-level
 tokenizer trained on the environments' text, then bootstrap SFT (learners/bootstrap.py) on oracle
 demonstrations (policy: then `bootstrap_dagger_rounds` DAgger rounds on the states it reaches itself)
 or on labelled judge prompts (reward: most from the tiny policy preset's own rollouts on training
@@ -40,6 +40,16 @@ TINY_ARCH: dict[str, object] = {
     "tie_word_embeddings": True,
     "rms_norm_eps": 1e-5,
 }
+
+
+def tiny_arch(model: ModelConfig) -> dict[str, object]:
+    """`TINY_ARCH` at `model.tiny_width` and `.tiny_layers` (equal to it at the defaults, so the key holds)."""
+    heads = model.tiny_width // 32
+    return TINY_ARCH | {"hidden_size": model.tiny_width, "intermediate_size": 3 * model.tiny_width,
+                        "num_hidden_layers": model.tiny_layers, "num_attention_heads": heads,
+                        "num_key_value_heads": heads}  # fmt: skip
+
+
 # Seconds one SFT step (batch 32, ~150 tokens) took on this box's reference core at 1 thread.
 REFERENCE_STEP_S = 0.6
 
@@ -70,7 +80,7 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     domains = sorted(set(model.bootstrap_domains))
     # the data's fingerprint, not the envs' source: a prompt-format change rebuilds, a refactor does not
     data = data_fingerprint(domains, root)
-    parts = {"preset": "tiny", "role": role, "arch": TINY_ARCH, "seed": model.seed,
+    parts = {"preset": "tiny", "role": role, "arch": tiny_arch(model), "seed": model.seed,
              "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
     if role == "policy" and dagger_steps(model) > 0:
         from learners import bootstrap
@@ -172,7 +182,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **TINY_ARCH,
+        **tiny_arch(model),
     )
     net = LlamaForCausalLM(config)
     data: dict[str, object] = {}

@@ -113,6 +113,10 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     round: 0.79 / 0.57. 0 = demonstrations only."""
     bootstrap_dagger_levels: tuple[NonNegInt, ...] = (4, 5, 6, 7, 8)
     """Tiny policy preset: levels of the DAgger rounds' training tasks, around the training band."""
+    tiny_width: Annotated[int, Meta(ge=32, multiple_of=32)] = 128
+    """Tiny preset: hidden size (feed-forward 3x as wide, one attention head per 32)."""
+    tiny_layers: PosInt = 4
+    """Tiny preset: transformer layers."""
 
 
 class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
