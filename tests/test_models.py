@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -91,6 +92,20 @@ def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
     hf = prepare_preset(ModelConfig(preset=f"hf:{policy}"), role="policy", workdir=tmp_path)
     assert hf == policy
+
+
+def test_tiny_width_and_layers_size_the_preset_under_their_own_key():
+    # the defaults are the architecture every cached preset was built with: its key must not move
+    assert tiny_preset.tiny_arch(ModelConfig()) == tiny_preset.TINY_ARCH
+    small = ModelConfig(bootstrap_sft_seconds=1.0, bootstrap_dagger_rounds=0, tiny_width=64, tiny_layers=2)
+    folder = prepare_preset(small, role="policy", workdir=WORKDIR)
+    assert folder != prepare_preset(ModelConfig(bootstrap_sft_seconds=1.0, bootstrap_dagger_rounds=0),
+                                    role="policy", workdir=WORKDIR)  # fmt: skip
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (64, 192, 2)
+    assert config["num_attention_heads"] == config["num_key_value_heads"] == 2  # one head per 32
+    with pytest.raises(msgspec.ValidationError, match=r"multiple of 32 - at `\$.tiny_width`"):
+        msgspec.convert({"tiny_width": 100}, ModelConfig)
 
 
 class AlternatingPlayer:
