@@ -114,7 +114,9 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     bootstrap_dagger_levels: tuple[NonNegInt, ...] = (4, 5, 6, 7, 8)
     """Tiny policy preset: levels of the DAgger rounds' training tasks, around the training band."""
     tiny_width: Annotated[int, Meta(ge=32, multiple_of=32)] = 128
-    """Tiny preset: hidden size (feed-forward 3x as wide, one attention head per 32)."""
+    """Tiny preset: hidden size (feed-forward 3x as wide, one attention head per 32). 192 with 6 layers
+    (3.2 M parameters, a 55-minute build here): valid mass 0.51 -> 0.63 but held-out level 8 success
+    0.46 -> 0.34 sampled, 0.72 -> 0.565 redrawn (200 tasks each), and half the trajectories per minute."""
     tiny_layers: PosInt = 4
     """Tiny preset: transformer layers."""
 
