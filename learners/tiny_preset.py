@@ -23,7 +23,9 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +97,12 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
 
         parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
                   "rollout_policy": rollout_policy.name, "rollout_draw": bootstrap.ROLLOUT_DRAW}  # fmt: skip
-    return build_once(
-        root / f"tiny-{role}-{cache_key(parts)}",
-        lambda out: _build_tiny(model, role, out, root, rollout_policy),
-    )
+    folder = root / f"tiny-{role}-{cache_key(parts)}"
+    # finished stages of an interrupted build of this key: a long build (TextWorld's takes hours) resumes
+    stages = folder.with_name(f".stages-{folder.name}")
+    build_once(folder, lambda out: _build_tiny(model, role, out, root, rollout_policy, stages))
+    shutil.rmtree(stages, ignore_errors=True)
+    return folder
 
 
 def data_fingerprint(domains: list[str], root: Path) -> str:
@@ -167,7 +171,8 @@ def rollout_policy_config(model: ModelConfig) -> ModelConfig:
     )
 
 
-def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_policy: Path | None) -> None:
+def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_policy: Path | None,
+                stages: Path) -> None:  # fmt: skip
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -186,6 +191,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
     )
     net = LlamaForCausalLM(config)
     data: dict[str, object] = {}
+    resumed: list[str] = []
     if role == "policy":
         pairs = bootstrap.policy_pairs(domains, seed=model.seed)
     else:
@@ -194,29 +200,61 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
             from infra.models.hf_backend import HFBackend
 
             player = rollout_policy_config(model)
-            rollouts = bootstrap.rollout_examples(
+            played = _stage(stages, "rollouts", resumed, lambda: dict(zip(("good", "bad"), bootstrap.rollout_examples(
                 HFBackend(rollout_policy), domains, episodes=model.bootstrap_rollouts,
                 levels=model.bootstrap_rollout_levels, seed=model.seed,
                 temperature=player.temperature, max_tokens=player.max_new_tokens,
-            )  # fmt: skip
+            ), strict=True)))  # fmt: skip
+            rollouts = (played["good"], played["bad"])
             data = {"rollout_policy": rollout_policy.name, "rollout_episodes": model.bootstrap_rollouts,
                     "rollout_good_steps": len(rollouts[0]), "rollout_bad_steps": len(rollouts[1])}  # fmt: skip
         pairs = bootstrap.reward_pairs(domains, seed=model.seed, rollouts=rollouts)
-    report = bootstrap.sft(net, tokenizer, pairs, steps=sft_steps(model), seed=model.seed)
+    report = _stage(stages, "sft", resumed, lambda: bootstrap.sft(net, tokenizer, pairs, steps=sft_steps(model),
+                                                                  seed=model.seed), net)  # fmt: skip
     net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     if role == "policy" and dagger_steps(model) > 0:
-        data["dagger"] = [_dagger_round(net, tokenizer, model, domains, out, r)
-                          for r in range(model.bootstrap_dagger_rounds)]  # fmt: skip
+        rounds = []
+        for r in range(model.bootstrap_dagger_rounds):
+            rounds.append(_stage(stages, f"dagger-{r}", resumed,
+                                 lambda r=r: _dagger_round(net, tokenizer, model, domains, out, r), net))  # fmt: skip
+            net.save_pretrained(str(out))  # the next round plays these weights
+        data["dagger"] = rounds
     # the kernels' instruction set decides the float rounding, and so the weights (the Makefile pins it)
     report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer),
-              "cpu_capability": torch.backends.cpu.get_cpu_capability(), **report, **data}  # fmt: skip
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), **report, **data,
+              "resumed_stages": resumed}  # fmt: skip
     (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
+
+
+def _stage(stages: Path, name: str, resumed: list[str], run: Callable[[], dict[str, Any]],
+           net: Any = None) -> dict[str, Any]:  # fmt: skip
+    """Run one stage of a build and keep what it made (its JSON result and `net`'s weights) under
+    `stages`; or, when an interrupted build of the same key finished it, restore that instead (and
+    note `name` in `resumed`). Every stage is a pure function of the key and the stages before it
+    (seeded play, seeded SFT), so a resumed build ends with the weights an uninterrupted one would."""
+    from safetensors.torch import load_model, save_model
+
+    done = stages / name
+    if (done / "result.json").is_file():
+        if net is not None:
+            load_model(net, str(done / "model.safetensors"))
+        resumed.append(name)
+        return json.loads((done / "result.json").read_text())
+    result = run()
+    staging = stages / f".tmp-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if net is not None:
+        save_model(net, str(staging / "model.safetensors"))
+    (staging / "result.json").write_text(json.dumps(result))
+    os.replace(staging, done)  # atomic: a stage is kept whole or not at all
+    return result
 
 
 def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[str], out: Path,
                   round_index: int) -> dict[str, object]:  # fmt: skip
-    """One DAgger round on the policy saved in `out`: play, label with the expert, train, save again."""
+    """One DAgger round on the policy saved in `out`: play, label with the expert, train `net`."""
     from infra.models.hf_backend import HFBackend
     from learners import bootstrap
 
@@ -232,7 +270,6 @@ def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[st
     report = bootstrap.sft(
         net, tokenizer, pairs, steps=dagger_steps(model), seed=seed, lr=bootstrap.DAGGER_LR
     )
-    net.save_pretrained(str(out))
     return {"states": len(own), **report}
 
 

@@ -163,6 +163,50 @@ def test_concurrent_processes_build_a_preset_once(tmp_path):
     assert len(builds) == 1 and not list((tmp_path / "presets").glob(".tmp-*"))
 
 
+def test_an_interrupted_build_resumes_from_its_last_finished_stage(tmp_path, monkeypatch):
+    """A build that dies in its DAgger round keeps its SFT: the next build trains only the round and
+    ends with the weights of a build that was never interrupted."""
+    from safetensors.torch import load_file
+
+    model = ModelConfig(bootstrap_sft_seconds=1.8, seed=11)  # 3 SFT steps, a DAgger round of 1 step
+    assert tiny_preset.dagger_steps(model) == 1
+    policy = prepare_preset(TINY, role="policy", workdir=WORKDIR)
+    homes = {name: tmp_path / name for name in ("interrupted", "straight")}
+    for home in homes.values():  # share the already-built tokenizer: this test is about the model build
+        for tok_dir in policy.parent.glob("tokenizer-*"):
+            if tok_dir.is_dir():
+                shutil.copytree(tok_dir, home / "presets" / tok_dir.name)
+
+    monkeypatch.setenv("FORGESTREAM_HOME", str(homes["interrupted"]))
+    with monkeypatch.context() as m:
+
+        def killed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            raise KeyboardInterrupt
+
+        m.setattr(bootstrap, "visited_state_pairs", killed)
+        with pytest.raises(KeyboardInterrupt):
+            prepare_preset(model, role="policy", workdir=WORKDIR)
+    presets = homes["interrupted"] / "presets"
+    (stages,) = presets.glob(".stages-tiny-policy-*")
+    assert sorted(d.name for d in stages.iterdir()) == ["sft"]
+    assert not [d for d in presets.glob("tiny-policy-*") if d.is_dir()]  # nothing complete yet
+
+    trained: list[int] = []
+    sft = bootstrap.sft
+    monkeypatch.setattr(bootstrap, "sft", lambda *a, **kw: trained.append(kw["steps"]) or sft(*a, **kw))
+    resumed = prepare_preset(model, role="policy", workdir=WORKDIR)
+    assert trained == [1]  # the DAgger round's one step; the 3 SFT steps were restored
+    assert json.loads((resumed / "bootstrap.json").read_text())["resumed_stages"] == ["sft"]
+    assert not stages.exists()
+
+    monkeypatch.setenv("FORGESTREAM_HOME", str(homes["straight"]))
+    straight = prepare_preset(model, role="policy", workdir=WORKDIR)
+    assert trained == [1, 3, 1] and straight.name == resumed.name
+    assert json.loads((straight / "bootstrap.json").read_text())["resumed_stages"] == []
+    a, b = load_file(resumed / "model.safetensors"), load_file(straight / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_hf_logprobs_match_a_forward_pass(backend, household_prompts):
     model, _ = load_trainable(TINY, role="policy", workdir=WORKDIR)
     out = backend.generate(household_prompts, n=2, temperature=0.8, max_tokens=12, seed=1)
