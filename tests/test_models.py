@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from envs.base import boxed, listed_prefix
-from infra.models import load_backend, load_trainable, next_token_logprobs, prepare_preset, sequence_logprobs
+from infra.models import (
+    answer_logprobs,
+    load_backend,
+    load_trainable,
+    next_token_logprobs,
+    prepare_preset,
+    sequence_logprobs,
+)
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
 from infra.models.tokenizer import encode_prompt, encode_response
@@ -205,6 +212,27 @@ def test_an_interrupted_build_resumes_from_its_last_finished_stage(tmp_path, mon
     assert json.loads((straight / "bootstrap.json").read_text())["resumed_stages"] == []
     a, b = load_file(resumed / "model.safetensors"), load_file(straight / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_answer_logprobs_equal_the_summed_sequence_logprobs_with_their_gradients():
+    """Several answers per prompt, each prompt run once with its cache: the same sums and gradients as
+    scoring every (prompt, answer) pair on its own; prompts of different lengths (left padding) and
+    one-token answers included."""
+    model, _ = load_trainable(TINY, role="policy", workdir=WORKDIR)
+    prompts = [[1, 5, 6, 7, 8], [1, 7], [1, 9, 9]]
+    answers = [[[8, 9, 2], [10, 2], [2]], [[11, 12, 13, 2]], [[5, 2], [6, 7, 2]]]
+    fast = answer_logprobs(model, prompts, answers, 0.7)
+    sum(t.sum() for t in fast).backward()
+    fast_grad = model.model.embed_tokens.weight.grad.clone()
+    model.zero_grad()
+    pairs = [(p, a) for p, group in zip(prompts, answers, strict=True) for a in group]
+    slow = sequence_logprobs(model, [p for p, _ in pairs], [a for _, a in pairs], 0.7)
+    sum(t.sum() for t in slow).backward()
+    assert [t.shape[0] for t in fast] == [3, 1, 2]
+    assert torch.allclose(torch.cat(fast).detach(), torch.stack([t.sum() for t in slow]).detach(), atol=TOL)
+    assert torch.allclose(fast_grad, model.model.embed_tokens.weight.grad, atol=1e-4)
+    with pytest.raises(ValueError, match="at least one token"):
+        answer_logprobs(model, prompts[:1], [[[]]], 0.7)
 
 
 def test_hf_logprobs_match_a_forward_pass(backend, household_prompts):
@@ -495,7 +523,7 @@ def test_the_plumbing_builds_tiny_only_through_a_registered_recipe():
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from infra.models import load_backend, prepare_preset\n"
+        "from infra.models import answer_logprobs, load_backend, prepare_preset\n"
         "from schemas.config import ModelConfig\n"
         "try:\n"
         "    prepare_preset(ModelConfig(), role='policy', workdir=Path('unused'))\n"

@@ -86,9 +86,19 @@ def next_token_logprobs(
     return impl(model, prompt_ids, prefixes, temperature)
 
 
+def answer_logprobs(
+    model: Any, prompt_ids: list[list[int]], answers: list[list[list[int]]], temperature: float
+) -> list[torch.Tensor]:
+    """Summed logprob of each of several answers per prompt, each prompt run once (infra/models/logprobs.py)."""
+    from infra.models.logprobs import answer_logprobs as impl
+
+    return impl(model, prompt_ids, answers, temperature)
+
+
 __all__ = [
     "Completion",
     "GenerationBackend",
+    "answer_logprobs",
     "load_backend",
     "load_trainable",
     "next_token_logprobs",

@@ -79,3 +79,52 @@ def next_token_logprobs(
     logits, _, attention = _right_padded_forward(model, prompt_ids, prefixes)
     last = logits[torch.arange(len(prompt_ids), device=logits.device), attention.sum(1) - 1]
     return torch.log_softmax(last.float() / effective_temperature(temperature), dim=-1)
+
+
+def answer_logprobs(
+    model: Any, prompt_ids: list[list[int]], answers: list[list[list[int]]], temperature: float
+) -> list[torch.Tensor]:
+    """Sequence logprob (summed over its tokens) of each of several answers to each prompt.
+
+    `answers[i]` are prompt i's candidate answers; returns one 1-D tensor [len(answers[i])] per prompt,
+    differentiable when grad is on. Each prompt is run once (left-padded, its keys and values cached)
+    and only its answers' tokens after it, so K answers cost a prompt and K short continuations
+    instead of K prompts.
+    """
+    if len(prompt_ids) != len(answers):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(answers)} answer lists")
+    if any(not p for p in prompt_ids) or any(not a for group in answers for a in group):
+        raise ValueError("every prompt and every answer needs at least one token")
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.zeros((len(prompt_ids), width), dtype=torch.long, device=device)
+    attention = torch.zeros((len(prompt_ids), width), dtype=torch.long, device=device)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attention[i, width - len(p) :] = 1
+    positions = (attention.cumsum(1) - 1).clamp(min=0)
+    prompt = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    # one row per answer, the cache and the last prompt logits repeated for it
+    owner = torch.tensor([i for i, group in enumerate(answers) for _ in group], device=device)
+    rows = [a for group in answers for a in group]
+    cache = prompt.past_key_values
+    cache.batch_select_indices(owner)
+    longest = max(len(a) for a in rows)
+    tokens = torch.zeros((len(rows), longest), dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), longest), dtype=torch.float32, device=device)
+    for r, a in enumerate(rows):
+        tokens[r, : len(a)] = torch.tensor(a, dtype=torch.long)
+        mask[r, : len(a)] = 1.0
+    logits = prompt.logits[owner, -1:]  # predicts each answer's first token
+    if longest > 1:  # the answers' own tokens predict the rest (right padding: nothing real sees a pad)
+        lengths = attention.sum(1)[owner]
+        after = model(
+            input_ids=tokens[:, :-1],
+            attention_mask=torch.cat([attention[owner], torch.ones_like(tokens[:, :-1])], 1),
+            position_ids=lengths[:, None] + torch.arange(longest - 1, device=device)[None],
+            past_key_values=cache,
+            use_cache=False,
+        )
+        logits = torch.cat([logits, after.logits], 1)
+    sums = (token_logprobs(logits, tokens, temperature) * mask).sum(1)
+    return list(sums.split([len(group) for group in answers]))
