@@ -1,7 +1,7 @@
 """forgestream algorithm: the RLAnything math as pure functions (no I/O, nothing else of ours).
 
-Importing this package does not import torch: `algorithm.loss` (the policy loss and the listed-token
-loss) is loaded on first access, so roles that only need rewards start fast.
+Importing this package does not import torch: `algorithm.loss` (the policy loss, the listed-token loss
+and the listed-conditional term) is loaded on first access, so roles that only need rewards start fast.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from algorithm.staleness import capacity, filter_stale
 from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
 
 if TYPE_CHECKING:
-    from algorithm.loss import listed_token_loss, policy_loss
+    from algorithm.loss import listed_conditional_loss, listed_token_loss, policy_loss
 
 __all__ = [
     "HIGH",
@@ -52,6 +52,7 @@ __all__ = [
     "group_signals",
     "high_risk_steps",
     "integrated_rewards",
+    "listed_conditional_loss",
     "listed_token_loss",
     "policy_loss",
     "state_advantages",
@@ -61,7 +62,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("policy_loss", "listed_token_loss"):
+    if name in ("policy_loss", "listed_token_loss", "listed_conditional_loss"):
         from algorithm import loss
 
         return getattr(loss, name)

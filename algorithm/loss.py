@@ -134,3 +134,30 @@ def listed_token_loss(next_logprobs: Tensor, allowed: list[list[int]]) -> tuple[
     rows = zip(next_logprobs, allowed, strict=True)
     log_mass = torch.stack([torch.logsumexp(row[torch.tensor(tokens)], dim=0) for row, tokens in rows])
     return -log_mass.mean(), log_mass.detach().exp()
+
+
+def listed_conditional_loss(
+    answer_logprobs: list[Tensor], advantages: Tensor, tokens: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The term that turns the policy loss of answers played under `actor.redraw` into the loss of the
+    policy they were drawn from: the policy conditioned on naming a listed action.
+
+    A played answer a was drawn from pi(a | listed) = pi(a) / M, M = sum over the state's listed answers
+    of pi(answer) (the listed mass). The policy loss trains -A * log pi(a) per token (its per-sample token
+    mean: a sample's sequence weighs 1 / its `tokens`); this adds A * log M / tokens for each sample, so
+    the pair trains -A * log pi(a | listed): an answer's advantage moves mass among the listed answers and
+    never to or from the unlisted ones. `answer_logprobs[i]` is [K_i], the sequence logprob of each of
+    state i's listed answers; `advantages` and `tokens` are [N]. Returns (the mean over the N samples,
+    each state's mass M [N], detached).
+    """
+    if len(answer_logprobs) != advantages.shape[0] or advantages.shape != tokens.shape:
+        raise ValueError(f"{len(answer_logprobs)} states, advantages {tuple(advantages.shape)}, "
+                         f"tokens {tuple(tokens.shape)}: one of each per sample")  # fmt: skip
+    for i, lp in enumerate(answer_logprobs):
+        if lp.dim() != 1 or lp.shape[0] == 0:
+            raise ValueError(
+                f"state {i}: answer logprobs must be a non-empty [K], got shape {tuple(lp.shape)}"
+            )
+    log_mass = torch.stack([torch.logsumexp(lp, dim=0) for lp in answer_logprobs])
+    per_sample = advantages.detach().to(log_mass.dtype) * log_mass / tokens.to(log_mass.dtype).clamp(min=1.0)
+    return per_sample.mean(), log_mass.detach().exp()

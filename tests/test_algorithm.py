@@ -25,6 +25,7 @@ from algorithm import (
     group_accuracy,
     high_risk_steps,
     integrated_rewards,
+    listed_conditional_loss,
     listed_token_loss,
     policy_loss,
     state_advantages,
@@ -403,6 +404,32 @@ def test_listed_token_loss_hand_computed() -> None:
     assert logits.grad[0].tolist() == approx([0.05, -0.1, -0.15, 0.2], abs=1e-6)
     with pytest.raises(ValueError, match="row 1"):
         listed_token_loss(torch.zeros(2, 4), [[1], []])
+
+
+def test_listed_conditional_loss_hand_computed() -> None:
+    """One-token answers over 3 tokens of probability 1/6, 2/6, 3/6; tokens 0 and 1 are listed (mass
+    0.5) and 1 was played with A = 2: the term is 2 * log 0.5 / 1 = -1.386294. A second state (mass 0.1,
+    A = -1, 4 tokens) adds -1 * log 0.1 / 4 = 0.575646; the loss is their mean. With the policy loss of
+    the played token, state 0's logit gradient is -A * (e_1 - q) with q the renormalised listed part (1/3,
+    2/3, 0): 2/3, -2/3 and exactly 0 for the unlisted token, which the advantage no longer moves."""
+    logits = torch.log(torch.tensor([1 / 6, 2 / 6, 3 / 6])).requires_grad_(True)
+    logp = torch.log_softmax(logits, dim=-1)
+    other = torch.tensor([math.log(0.1)], requires_grad=True)
+    term, mass = listed_conditional_loss(
+        [logp[[0, 1]], other], torch.tensor([2.0, -1.0]), torch.tensor([1.0, 4.0])
+    )
+    assert term.item() == approx((2 * math.log(0.5) - math.log(0.1) / 4) / 2, abs=1e-6)
+    assert mass.tolist() == approx([0.5, 0.1]) and not mass.requires_grad
+    played = logp[1].reshape(1, 1)
+    pg, _ = policy_loss(
+        played, played.detach(), played.detach(), torch.tensor([2.0]), torch.ones(1, 1), kl_coef=0.0
+    )
+    (pg + 2 * term).backward()  # term is a mean over 2 states; state 0 alone weighs 1 with pg's 1 sample
+    assert logits.grad.tolist() == approx([2 / 3, -2 / 3, 0.0], abs=1e-6)
+    with pytest.raises(ValueError, match="state 1"):
+        listed_conditional_loss([logp[[0]], torch.zeros(0)], torch.ones(2), torch.ones(2))
+    with pytest.raises(ValueError, match="one of each per sample"):
+        listed_conditional_loss([logp[[0]]], torch.ones(2), torch.ones(2))
 
 
 batch_shape = st.tuples(st.integers(1, 4), st.integers(1, 5))
