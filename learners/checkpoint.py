@@ -44,6 +44,7 @@ class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
     # the listed-token loss: where an invalid answer left the listed answers, the tokens that stayed on one
     unlisted_at: int = 0
     listed_tokens: list[int] = []
+    listed_answers: list[list[int]] = []  # the listed-conditional term: the state's listed answers
 
     @property
     def group_id(self) -> str:

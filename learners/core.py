@@ -3,7 +3,7 @@
 Consumes: sample batches (PolicySampleBatch / RewardSampleBatch) from one topic, group-consumed.
 Produces: WeightsPublished on forge.weights (key = model name; bytes in the weight store),
           metrics learner/<name>/{version,loss,kl,clip_fraction,is_weight_mean,lr,tokens_per_s,grad_norm,
-          dropped_stale,dropped_invalid,duplicates,samples_trained,listed_token_mass} and `staleness` (mean over the
+          dropped_stale,dropped_invalid,duplicates,samples_trained,listed_token_mass,listed_mass} and `staleness` (mean over the
           samples of a step, label model=<name>).
 Loop: consume -> dedupe by group (a request trains once) -> drop whole groups older than version - eta
 -> a batch of whole groups -> proximal logprobs once (no grad) -> `minibatches` shuffled steps (token-budget
@@ -39,9 +39,9 @@ import anyio
 import torch
 from torch import Tensor
 
-from algorithm import filter_stale, listed_token_loss, policy_loss
+from algorithm import filter_stale, listed_conditional_loss, listed_token_loss, policy_loss
 from infra.bus import BatchConsumer, Bus, Record
-from infra.models import load_trainable, next_token_logprobs, sequence_logprobs
+from infra.models import answer_logprobs, load_trainable, next_token_logprobs, sequence_logprobs
 from infra.weights import WeightStore
 from learners import checkpoint as ckpt
 from learners.checkpoint import LearnerState, TrainSample
@@ -68,11 +68,15 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
     out, invalid = [], 0
     for s in batch.samples:
         listed = getattr(s, "listed_tokens", [])
+        answers = getattr(s, "listed_answers", [])
         if (
             not s.response_token_ids
             or not s.prompt_token_ids
             or len(s.behaviour_logprobs) != len(s.response_token_ids)
-            or max(max(s.prompt_token_ids), max(s.response_token_ids), max(listed, default=0)) >= vocab_size
+            or max(
+                max(s.prompt_token_ids), max(s.response_token_ids), max(listed, default=0), *map(max, answers)
+            )
+            >= vocab_size
             or getattr(s, "advantage_from", 0) >= len(s.response_token_ids)
             or (listed and s.unlisted_at >= len(s.response_token_ids))
         ):
@@ -90,6 +94,7 @@ def to_train_samples(batch: Any, version_field: str, vocab_size: int) -> tuple[l
                 advantage_from=getattr(s, "advantage_from", 0),
                 unlisted_at=getattr(s, "unlisted_at", 0),
                 listed_tokens=list(listed),
+                listed_answers=[list(a) for a in answers],
             )
         )
     return out, invalid
@@ -156,6 +161,9 @@ class StepStats:
     clip_fraction: float = 0.0
     is_weight_mean: float = 0.0
     listed_token_mass: float = 0.0  # mean probability of staying on a listed answer where answers left them
+    listed_mass: float = (
+        0.0  # mean probability of naming a listed action, over the states of played valid answers
+    )
     grad_norm: float = 0.0
     lr: float = 0.0
     samples: int = 0
@@ -214,6 +222,7 @@ class Trainer:
         self.engine, self.cfg, self.temperature = engine, cfg, temperature
         self.reference = reference if cfg.ref_kl_coef > 0 else None
         self.listed_token_coef = cfg.listed_token_coef if isinstance(cfg, PolicyLearnerConfig) else 0.0
+        self.listed_conditional = isinstance(cfg, PolicyLearnerConfig) and cfg.listed_conditional
 
     def logprobs(self, samples: list[TrainSample], module: torch.nn.Module | None = None) -> list[Tensor]:
         return sequence_logprobs(
@@ -321,9 +330,34 @@ class Trainer:
             setattr(stats, name, getattr(stats, name) / max(tokens_seen, 1))
         if self.listed_token_coef > 0:
             stats.listed_token_mass = self._listed_token_backward([s for s in samples if s.listed_tokens])
+        if self.listed_conditional:
+            stats.listed_mass = self._listed_conditional_backward(samples)
         stats.grad_norm = self.engine.step()
         stats.seconds = time.perf_counter() - start
         return stats
+
+    def _listed_conditional_backward(self, samples: list[TrainSample]) -> float:
+        """Back-propagate the listed-conditional term of the step's played valid answers (those that carry
+        their state's listed answers), weighted as the policy loss weighs a sample (1 / the step's
+        samples), micro-batched by whole states (a prompt plus its answers); returns the mean listed mass."""
+        rows = [s for s in samples if s.listed_answers]
+        sizes = [len(s.prompt_ids) + sum(map(len, s.listed_answers)) for s in rows]
+        masses = 0.0
+        for mb in self._aligned(pack_micro_batches(sizes, self.cfg.micro_batch_tokens)):
+            if not mb:
+                self.engine.backward(self._zero_loss())
+                continue
+            group = [rows[i] for i in mb]
+            per_state = answer_logprobs(self.engine.module, [s.prompt_ids for s in group],
+                                        [s.listed_answers for s in group], self.temperature)  # fmt: skip
+            adv = torch.tensor([s.advantage for s in group], dtype=torch.float32)
+            tokens = torch.tensor(
+                [len(s.response_ids) - s.advantage_from for s in group], dtype=torch.float32
+            )
+            loss, mass = listed_conditional_loss(per_state, adv, tokens)
+            self.engine.backward(loss * (len(mb) / len(samples)))
+            masses += float(mass.sum())
+        return masses / len(rows) if rows else 0.0
 
     def _listed_token_backward(self, rows: list[TrainSample]) -> float:
         """Back-propagate listed_token_coef x the listed-token loss (mean over `rows`, the samples whose
@@ -628,3 +662,5 @@ async def _report(bus: Bus, consumer: Any, name: str, step: LearnerStep) -> None
         await bus.metric(f"learner/{name}/{metric}", value, step=v)
     if s.listed_token_mass > 0:  # the listed-token loss is on (policy_learner.listed_token_coef)
         await bus.metric(f"learner/{name}/listed_token_mass", s.listed_token_mass, step=v)
+    if s.listed_mass > 0:  # the listed-conditional term is on (policy_learner.listed_conditional)
+        await bus.metric(f"learner/{name}/listed_mass", s.listed_mass, step=v)

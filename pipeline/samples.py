@@ -76,6 +76,8 @@ def build_samples(
             advantage_from=advantage_from,
             unlisted_at=left[0] if left else 0,
             listed_tokens=left[1] if left else [],
+            # a played valid answer was drawn from the policy conditioned on naming a listed action
+            listed_answers=step.listed_answers if answer is step and step.valid_action else [],
         )
 
     policy: list[PolicySample] = []

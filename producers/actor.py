@@ -143,7 +143,7 @@ def play_turn(
     episodes that just ended. With the `tokenizer`, an invalid answer records how many of its tokens
     still spelled a listed action, and so does each invalid draw passed over (`Step.rejected`); with
     `listed_answers` too, each step records every listed action's answer as tokens (the listed-token
-    loss), as the state listed them before the step."""
+    loss, the listed-conditional term), as the state listed them before the step."""
     ended = []
     for ep, prompt, group in zip(live, prompts, completions, strict=True):
         completion = first_valid(ep.episode, group) if len(group) > 1 else group[0]
@@ -192,7 +192,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     live: list[LiveEpisode] = []
     ended_at: collections.deque[float] = collections.deque(maxlen=64)
     turn = 0
-    listed = config.policy_learner.listed_token_coef > 0  # steps carry their listed answers
+    # steps carry their listed answers (the listed-token loss, the listed-conditional term)
+    listed = config.policy_learner.listed_token_coef > 0 or config.policy_learner.listed_conditional
     # rollouts per request, as the requests say (the first fetch takes one): sizes each fetch
     expected_n = cfg.parallel_episodes
 

@@ -416,6 +416,12 @@ class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
     preset's invalid draws leave the list at the object or container after a listed verb (a wrong belief
     about the room), so staying listed there means doing something else, which this model learns as
     "go to" everywhere."""
+    listed_conditional: bool = False
+    """Train each played valid answer as a draw from the policy it was played from under `actor.redraw`:
+    the policy conditioned on naming a listed action, log pi(a) - log M (M: the state's listed mass,
+    every listed answer scored; `algorithm.listed_conditional_loss`). Off, the loss treats it as a draw from
+    the whole policy, and a negative advantage pushes its mass to the unlisted answers too. Needs
+    actor.redraw > 1; the actor records the listed answers."""
 
 
 class RewardLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
@@ -478,6 +484,9 @@ class RunConfig(Config, frozen=True, kw_only=True):
              f"policy_learner.listed_token_coef ({self.policy_learner.listed_token_coef}) needs a domain that "
              f"lists its actions ({', '.join(LISTED_ACTION_DOMAINS)}), not scheduler.domain "
              f"{self.scheduler.domain!r}"),
+            (not self.policy_learner.listed_conditional or self.actor.redraw > 1,
+             f"policy_learner.listed_conditional needs actor.redraw > 1 (it is {self.actor.redraw}): only "
+             "redrawn play draws from the policy conditioned on naming a listed action"),
             (self.forge.low <= self.forge.high, f"forge.low ({self.forge.low}) > forge.high ({self.forge.high})"),
             *((learner.ranks == 1 or learner.engine == "deepspeed",
                f"{name}.ranks ({learner.ranks}) needs {name}.engine = \"deepspeed\": engine "

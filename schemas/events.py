@@ -120,7 +120,8 @@ class Step(Struct, frozen=True, kw_only=True):
     listed_prefix_tokens: Index = 0  # an invalid answer's leading tokens that still spell a listed action
     rejected: list[RejectedAnswer] = []  # invalid draws of this turn not played (prompt as above)
     # every listed action's answer as the policy's tokens (eos included): what a valid answer could have
-    # been at this turn, for the listed-token loss (`policy_learner.listed_token_coef`); empty when off
+    # been at this turn, for the listed-token loss (`policy_learner.listed_token_coef`) and the
+    # listed-conditional term (`policy_learner.listed_conditional`); empty when both are off
     listed_answers: list[Answer] = []
 
     def __post_init__(self) -> None:
@@ -196,6 +197,9 @@ class PolicySample(Struct, frozen=True, kw_only=True):
     # have stayed on one there: the listed-token loss (`policy_learner.listed_token_coef`); empty = none
     unlisted_at: Index = 0
     listed_tokens: list[Index] = []
+    # a played valid answer's state's listed answers (Step.listed_answers): it is trained as a draw from
+    # the policy conditioned on naming one of them (`policy_learner.listed_conditional`); empty = off
+    listed_answers: list[Answer] = []
 
 
 class PolicySampleBatch(Event, frozen=True, kw_only=True):

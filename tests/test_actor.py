@@ -148,7 +148,7 @@ def test_a_turn_records_the_listed_answers_as_the_state_listed_them(model_home: 
     assert live[0].steps[1].listed_answers == []
 
 
-def test_redraw_and_the_listed_token_loss_need_a_domain_that_lists_its_actions() -> None:
+def test_redraw_and_the_listed_losses_need_a_domain_that_lists_its_actions() -> None:
     RunConfig(actor=ActorConfig(redraw=8))  # household lists them
     with pytest.raises(ValueError, match=r"actor.redraw \(8\).*scheduler.domain 'arith'"):
         RunConfig(actor=ActorConfig(redraw=8), scheduler=SchedulerConfig(domain="arith"))
@@ -159,6 +159,11 @@ def test_redraw_and_the_listed_token_loss_need_a_domain_that_lists_its_actions()
             policy_learner=PolicyLearnerConfig(listed_token_coef=1.0),
             scheduler=SchedulerConfig(domain="arith"),
         )
+    RunConfig(actor=ActorConfig(redraw=8), policy_learner=PolicyLearnerConfig(listed_conditional=True))
+    with pytest.raises(
+        ValueError, match=r"policy_learner.listed_conditional needs actor.redraw > 1 \(it is 1\)"
+    ):
+        RunConfig(policy_learner=PolicyLearnerConfig(listed_conditional=True))
 
 
 # --- run() against the broker --------------------------------------------------------------------

@@ -126,6 +126,12 @@ def test_samples_the_model_cannot_take_are_dropped_and_counted() -> None:
     assert [(s.key, s.unlisted_at, s.listed_tokens) for s in samples] == [
         ("a/0/0", 0, [3, 4])
     ] and invalid == 2
+    answers = msgspec.structs.replace(batch.samples[0], listed_answers=[[3, 2], [4, 5, 2]])
+    unknown = msgspec.structs.replace(batch.samples[1], listed_answers=[[3, 2], [vocab, 2]])
+    samples, invalid = to_train_samples(
+        msgspec.structs.replace(batch, samples=[answers, unknown]), "policy_version", vocab
+    )
+    assert [(s.key, s.listed_answers) for s in samples] == [("a/0/0", [[3, 2], [4, 5, 2]])] and invalid == 1
 
 
 def test_tokens_before_advantage_from_carry_no_loss() -> None:
@@ -267,6 +273,41 @@ def test_listed_token_loss_raises_the_tokens_that_stay_listed() -> None:
         assert stats[0].listed_token_mass == pytest.approx(float(before.exp().sum(1).mean()), rel=1e-4)
         rise = after.exp().sum(1) / before.exp().sum(1)
         assert (rise > 1.5).all(), rise
+
+
+def test_listed_conditional_term_cancels_when_the_played_answer_is_all_that_is_listed() -> None:
+    """A played answer that is its state's only listed answer has probability 1 under the policy
+    conditioned on naming a listed action: with the term on (on-policy, no KL) the step's gradient is
+    zero, where without it the advantage moves the weights. With a second listed answer the term
+    trains, and the step reports the listed mass as it was before."""
+    from msgspec.structs import replace
+
+    from infra.models import answer_logprobs, sequence_logprobs
+
+    model = tiny_llama(0)
+    batch = fixed_batch()
+    with torch.no_grad():  # behaviour = current: importance weight 1, ratio 1
+        own = sequence_logprobs(model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], 0.8)
+    batch = [
+        replace(s, behaviour_logprobs=lp.tolist(), listed_answers=[s.response_ids])
+        for s, lp in zip(batch, own, strict=True)
+    ]
+    norms = {}
+    for on in (False, True):
+        cfg = PolicyLearnerConfig(lr=1e-3, micro_batch_tokens=40, batch_samples=6, kl_coef=0.0, ref_kl_coef=0.0,
+                                  listed_conditional=on)  # fmt: skip
+        norms[on] = Trainer(TorchEngine(tiny_llama(0), cfg), cfg, temperature=0.8).step(batch).grad_norm
+    assert norms[False] > 1e-3 and norms[True] < 1e-5 * norms[False], norms
+
+    two = [replace(s, listed_answers=[s.response_ids, [7 + i, 2]]) for i, s in enumerate(batch)]
+    with torch.no_grad():
+        masses = [float(lp.exp().sum()) for lp in answer_logprobs(model, [s.prompt_ids for s in two],
+                                                                 [s.listed_answers for s in two], 0.8)]  # fmt: skip
+    cfg = PolicyLearnerConfig(lr=1e-3, micro_batch_tokens=40, batch_samples=6, kl_coef=0.0, ref_kl_coef=0.0,
+                              listed_conditional=True)  # fmt: skip
+    stats = Trainer(TorchEngine(tiny_llama(0), cfg), cfg, temperature=0.8).step(two)
+    assert stats.listed_mass == pytest.approx(sum(masses) / len(masses), rel=1e-4)
+    assert stats.grad_norm > 1e-3
 
 
 def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:

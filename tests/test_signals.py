@@ -238,6 +238,9 @@ def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
     left = {key: (s.unlisted_at, s.listed_tokens) for key, s in policy.items() if s.listed_tokens}
     assert left == {"A/0/1": (1, [4, 5]), "A/0/1/r0": (1, [2]), "A/0/1/r1": (0, [3, 6])}
     assert [(policy[k].advantage, policy[k].reward) for k in ("A/0/1/r0", "A/0/1/r1")] == [(0.0, 0.0)] * 2
+    # the played valid answer carries its state's listed answers (the listed-conditional term); invalid
+    # answers, played or passed over, were not drawn from the policy conditioned on naming one
+    assert {key: s.listed_answers for key, s in policy.items() if s.listed_answers} == {"A/0/0": listed}
 
 
 def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:
