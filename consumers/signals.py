@@ -163,7 +163,9 @@ class Gatherer:
         return marks
 
 
-async def _publish(bus: Bus, group: Group, action: Action, config: SignalsConfig) -> None:
+async def _publish(
+    bus: Bus, group: Group, action: Action, config: SignalsConfig, listed_token_loss: bool
+) -> None:
     """The group's samples (unless it is dropped), then its GroupSettled."""
     policy_samples = reward_samples = 0
     if action in DROPS:
@@ -171,7 +173,9 @@ async def _publish(bus: Bus, group: Group, action: Action, config: SignalsConfig
         await bus.metric("signals/groups_dropped", 1.0, reason=action)
     else:
         try:
-            policy, reward, signals = build_samples(group.request_id, group.ordered(), config)
+            policy, reward, signals = build_samples(
+                group.request_id, group.ordered(), config, listed_token_loss=listed_token_loss
+            )
         except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
             log.warning("group %s dropped: %s", group.request_id, e)
             await bus.metric("signals/groups_dropped", 1.0, reason="invalid")
@@ -197,6 +201,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     """Gather judged groups and publish their training samples until `shutdown` is set."""
     shutdown = shutdown or anyio.Event()
     settings = config.signals
+    # the one policy-learner setting that decides what signals publishes: the draws that loss trains
+    listed_token_loss = config.policy_learner.listed_token_coef > 0
     gatherer = Gatherer(settings, config.kafka.dedup_window)
     async with Bus(config.kafka, role="signals") as bus, anyio.create_task_group() as tg:
 
@@ -217,7 +223,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     log.info("%d groups left with their partitions; their new owner rebuilds them", lost)
                 # --- publish whole (or expired) groups ---
                 for group, action in gatherer.decide(time.monotonic()):
-                    await _publish(bus, group, action, settings)
+                    await _publish(bus, group, action, settings, listed_token_loss)
                 # --- commit what no group in memory still needs ---
                 marks = {tp: o for tp, o in gatherer.watermark().items() if committed.get(tp) != o}
                 if marks:

@@ -24,9 +24,11 @@ from schemas.events import (
 
 
 def build_samples(
-    request_id: str, judged: list[JudgedTrajectory], config: SignalsConfig
+    request_id: str, judged: list[JudgedTrajectory], config: SignalsConfig, *, listed_token_loss: bool = False
 ) -> tuple[PolicySampleBatch, RewardSampleBatch, algorithm.GroupSignals]:
-    """Policy and reward-model sample batches of one request's judged rollouts (pure)."""
+    """Policy and reward-model sample batches of one request's judged rollouts (pure). With
+    `listed_token_loss` (the policy learner trains it) the invalid draws passed over are kept at any
+    penalty, 0 included, for where they left the listed answers."""
     for j in judged:
         if len(j.steps) != len(j.trajectory.steps):
             raise ValueError(f"{j.key}: {len(j.steps)} step judgements for {len(j.trajectory.steps)} steps")
@@ -87,12 +89,13 @@ def build_samples(
         start = step.listed_prefix_tokens if penalize_after_prefix and not step.valid_action else 0
         policy.append(policy_sample(trajectory, step, step, "", target.advantage, target.reward, start))
     # the invalid draws an actor passed over (actor.redraw > 1) are pushed down as a played invalid
-    # answer is; they had no turn, so no R (reward is the penalty too) and no baseline. With the steps'
-    # listed answers (the listed-token loss is on) they are kept at any penalty, 0 included
+    # answer is; they had no turn, so no R (reward is the penalty too) and no baseline. For the
+    # listed-token loss they are kept at any penalty, 0 included (at advantage 0 and without that loss
+    # they would train nothing and only thin each batch's mean)
     penalty = 0.0 - config.invalid_penalty  # (0.0 - 0.0 is 0.0, not -0.0)
     for trajectory in (j.trajectory for j in judged):
         for step in trajectory.steps:
-            if config.invalid_penalty > 0 or step.listed_answers:
+            if config.invalid_penalty > 0 or (listed_token_loss and step.listed_answers):
                 for k, draw in enumerate(step.rejected):
                     start = draw.listed_prefix_tokens if penalize_after_prefix else 0
                     policy.append(policy_sample(trajectory, step, draw, f"/r{k}", penalty, penalty, start))

@@ -213,7 +213,7 @@ def test_invalid_draws_passed_over_are_pushed_down_by_the_penalty_alone() -> Non
 
 
 def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
-    """With a step's listed answers (the listed-token loss is on), its played invalid answer and each
+    """With a step's listed answers and the listed-token loss on, its played invalid answer and each
     draw passed over carry the token where they left every listed answer and the tokens that would
     have stayed on one; a valid answer carries none; the draws are kept at penalty 0, advantage 0."""
     rollouts = group_a()
@@ -232,7 +232,9 @@ def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
     )
     policy = {
         s.sample_key: s
-        for s in build_samples("A", rollouts, SignalsConfig(episode_weighting=False))[0].samples
+        for s in build_samples("A", rollouts, SignalsConfig(episode_weighting=False), listed_token_loss=True)[
+            0
+        ].samples
     }
     assert {"A/0/0", "A/0/1"} <= set(policy)
     left = {key: (s.unlisted_at, s.listed_tokens) for key, s in policy.items() if s.listed_tokens}
@@ -241,6 +243,9 @@ def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
     # the played valid answer carries its state's listed answers (the listed-conditional term); invalid
     # answers, played or passed over, were not drawn from the policy conditioned on naming one
     assert {key: s.listed_answers for key, s in policy.items() if s.listed_answers} == {"A/0/0": listed}
+    # without that loss the draws would train nothing at penalty 0: not kept, the played answers are
+    without = build_samples("A", rollouts, SignalsConfig(episode_weighting=False))[0].samples
+    assert sorted(s.sample_key for s in without) == sorted(k for k in policy if "/r" not in k)
 
 
 def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:
