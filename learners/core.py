@@ -30,7 +30,7 @@ import collections
 import copy
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -341,39 +341,43 @@ class Trainer:
         their state's listed answers), weighted as the policy loss weighs a sample (1 / the step's
         samples), micro-batched by whole states (a prompt plus its answers); returns the mean listed mass."""
         rows = [s for s in samples if s.listed_answers]
-        sizes = [len(s.prompt_ids) + sum(map(len, s.listed_answers)) for s in rows]
-        masses = 0.0
-        for mb in self._aligned(pack_micro_batches(sizes, self.cfg.micro_batch_tokens)):
-            if not mb:
-                self.engine.backward(self._zero_loss())
-                continue
-            group = [rows[i] for i in mb]
+
+        def term(group: list[TrainSample]) -> tuple[Tensor, Tensor]:
             per_state = answer_logprobs(self.engine.module, [s.prompt_ids for s in group],
                                         [s.listed_answers for s in group], self.temperature)  # fmt: skip
             adv = torch.tensor([s.advantage for s in group], dtype=torch.float32)
             tokens = torch.tensor(
                 [len(s.response_ids) - s.advantage_from for s in group], dtype=torch.float32
             )
-            loss, mass = listed_conditional_loss(per_state, adv, tokens)
-            self.engine.backward(loss * (len(mb) / len(samples)))
-            masses += float(mass.sum())
-        return masses / len(rows) if rows else 0.0
+            return listed_conditional_loss(per_state, adv, tokens)
+
+        sizes = [len(s.prompt_ids) + sum(map(len, s.listed_answers)) for s in rows]
+        return self._summed_backward(rows, sizes, term, 1.0 / len(samples))
 
     def _listed_token_backward(self, rows: list[TrainSample]) -> float:
         """Back-propagate listed_token_coef x the listed-token loss (mean over `rows`, the samples whose
-        answer left the listed answers), micro-batched (the loss is a sum over samples, so each
-        micro-batch backs up on its own); returns the mean probability of staying listed there."""
+        answer left the listed answers); returns the mean probability of staying listed there."""
+
+        def term(group: list[TrainSample]) -> tuple[Tensor, Tensor]:
+            logprobs = next_token_logprobs(self.engine.module, [s.prompt_ids for s in group],
+                                           [s.response_ids[: s.unlisted_at] for s in group], self.temperature)  # fmt: skip
+            return listed_token_loss(logprobs, [s.listed_tokens for s in group])
+
         sizes = [len(s.prompt_ids) + s.unlisted_at for s in rows]
+        return self._summed_backward(rows, sizes, term, self.listed_token_coef / max(len(rows), 1))
+
+    def _summed_backward(self, rows: list[TrainSample], sizes: list[int],
+                         term: Callable[[list[TrainSample]], tuple[Tensor, Tensor]], weight: float) -> float:  # fmt: skip
+        """Back-propagate `weight` x the sum over `rows` of a per-sample term (`term(group)` gives the group's
+        mean and each sample's mass), micro-batched by `sizes` (a sum, so each micro-batch backs up on its
+        own); returns the mean mass over `rows`."""
         masses = 0.0
         for mb in self._aligned(pack_micro_batches(sizes, self.cfg.micro_batch_tokens)):
             if not mb:
                 self.engine.backward(self._zero_loss())
                 continue
-            group = [rows[i] for i in mb]
-            logprobs = next_token_logprobs(self.engine.module, [s.prompt_ids for s in group],
-                                           [s.response_ids[: s.unlisted_at] for s in group], self.temperature)  # fmt: skip
-            loss, mass = listed_token_loss(logprobs, [s.listed_tokens for s in group])
-            self.engine.backward(loss * (self.listed_token_coef * len(mb) / len(rows)))
+            loss, mass = term([rows[i] for i in mb])
+            self.engine.backward(loss * (weight * len(mb)))
             masses += float(mass.sum())
         return masses / len(rows) if rows else 0.0
 

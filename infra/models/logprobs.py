@@ -28,15 +28,21 @@ def _right_padded_forward(
     model: Any, prompt_ids: list[list[int]], continuations: list[list[int]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One forward over each prompt + continuation, right-padded with 0: (logits, input ids, mask)."""
-    device = next(model.parameters()).device
     seqs = [list(p) + list(r) for p, r in zip(prompt_ids, continuations, strict=True)]
+    input_ids, attention = padded(seqs, next(model.parameters()).device, left=False)
+    return model(input_ids=input_ids, attention_mask=attention).logits, input_ids, attention
+
+
+def padded(seqs: list[list[int]], device: torch.device, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids padded with 0 to the longest, on the left or the right, and their attention mask."""
     width = max(len(s) for s in seqs)
-    input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
     attention = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
     for i, s in enumerate(seqs):
-        input_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        attention[i, : len(s)] = 1
-    return model(input_ids=input_ids, attention_mask=attention).logits, input_ids, attention
+        at = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[i, at] = torch.tensor(s, dtype=torch.long)
+        attention[i, at] = 1
+    return ids, attention
 
 
 def sequence_logprobs(
@@ -96,12 +102,7 @@ def answer_logprobs(
     if any(not p for p in prompt_ids) or any(not a for group in answers for a in group):
         raise ValueError("every prompt and every answer needs at least one token")
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.zeros((len(prompt_ids), width), dtype=torch.long, device=device)
-    attention = torch.zeros((len(prompt_ids), width), dtype=torch.long, device=device)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        attention[i, width - len(p) :] = 1
+    ids, attention = padded(prompt_ids, device, left=True)
     positions = (attention.cumsum(1) - 1).clamp(min=0)
     prompt = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
     # one row per answer, the cache and the last prompt logits repeated for it
