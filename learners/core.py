@@ -161,9 +161,7 @@ class StepStats:
     clip_fraction: float = 0.0
     is_weight_mean: float = 0.0
     listed_token_mass: float = 0.0  # mean probability of staying on a listed answer where answers left them
-    listed_mass: float = (
-        0.0  # mean probability of naming a listed action, over the states of played valid answers
-    )
+    listed_mass: float = 0.0  # mean probability of naming a listed action where valid answers were played
     grad_norm: float = 0.0
     lr: float = 0.0
     samples: int = 0

@@ -110,12 +110,8 @@ def answer_logprobs(
     rows = [a for group in answers for a in group]
     cache = prompt.past_key_values
     cache.batch_select_indices(owner)
-    longest = max(len(a) for a in rows)
-    tokens = torch.zeros((len(rows), longest), dtype=torch.long, device=device)
-    mask = torch.zeros((len(rows), longest), dtype=torch.float32, device=device)
-    for r, a in enumerate(rows):
-        tokens[r, : len(a)] = torch.tensor(a, dtype=torch.long)
-        mask[r, : len(a)] = 1.0
+    tokens, mask = padded(rows, device, left=False)
+    longest = tokens.shape[1]
     logits = prompt.logits[owner, -1:]  # predicts each answer's first token
     if longest > 1:  # the answers' own tokens predict the rest (right padding: nothing real sees a pad)
         lengths = attention.sum(1)[owner]
@@ -127,5 +123,5 @@ def answer_logprobs(
             use_cache=False,
         )
         logits = torch.cat([logits, after.logits], 1)
-    sums = (token_logprobs(logits, tokens, temperature) * mask).sum(1)
+    sums = (token_logprobs(logits, tokens, temperature) * mask.float()).sum(1)
     return list(sums.split([len(group) for group in answers]))
