@@ -421,10 +421,10 @@ class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
     the policy conditioned on naming a listed action, log pi(a) - log M (M: the state's listed mass,
     every listed answer scored; `algorithm.listed_conditional_loss`). Off, the loss treats it as a draw from
     the whole policy, and a negative advantage pushes its mass to the unlisted answers too. Needs
-    actor.redraw > 1; the actor records the listed answers. With redraw 8 and lr 3e-5, 30 minutes (seed 0,
-    held-out level 8, 200 tasks): 0.54 [0.47, 0.61] sampled and 0.74 redrawn, where the same run without it
-    lost the plan (0.345 / 0.51); the preset 0.46 / 0.72. It keeps the choice and does not teach the format
-    (invalid turns 0.59): one run, not yet the band's +0.15, so not the default."""
+    actor.redraw > 1; the actor records the listed answers. With redraw 8 and lr 3e-5, 30 minutes (held-out
+    level 8, 200 tasks): 0.54 [0.47, 0.61] sampled and 0.74 redrawn on run seed 0, where the same run without
+    it lost the plan (0.345 / 0.51); 0.465 / 0.665 on seed 1; the preset 0.46 / 0.72. It keeps a long run at
+    the preset and adds no gain yet (not the band's +0.15), so it is not the default."""
 
 
 class RewardLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
