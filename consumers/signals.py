@@ -43,7 +43,7 @@ from infra.bus import BatchConsumer, Bus, RecentKeys, Record
 from pipeline.groups import RolloutGroup
 from pipeline.samples import build_samples
 from pipeline.taskpool import TaskPool
-from schemas.config import RunConfig, SignalsConfig
+from schemas.config import PolicyLearnerConfig, RunConfig, SignalsConfig
 from schemas.events import GroupAction, GroupSettled, JudgedTrajectory, TaskSpec
 from schemas.topics import GROUPS, JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
 
@@ -164,7 +164,7 @@ class Gatherer:
 
 
 async def _publish(
-    bus: Bus, group: Group, action: Action, config: SignalsConfig, listed_token_loss: bool
+    bus: Bus, group: Group, action: Action, config: SignalsConfig, learner: PolicyLearnerConfig
 ) -> None:
     """The group's samples (unless it is dropped), then its GroupSettled."""
     policy_samples = reward_samples = 0
@@ -174,7 +174,11 @@ async def _publish(
     else:
         try:
             policy, reward, signals = build_samples(
-                group.request_id, group.ordered(), config, listed_token_loss=listed_token_loss
+                group.request_id,
+                group.ordered(),
+                config,
+                listed_token_loss=learner.listed_token_coef > 0,
+                listed_conditional=learner.listed_conditional,
             )
         except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
             log.warning("group %s dropped: %s", group.request_id, e)
@@ -201,8 +205,6 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     """Gather judged groups and publish their training samples until `shutdown` is set."""
     shutdown = shutdown or anyio.Event()
     settings = config.signals
-    # the one policy-learner setting that decides what signals publishes: the draws that loss trains
-    listed_token_loss = config.policy_learner.listed_token_coef > 0
     gatherer = Gatherer(settings, config.kafka.dedup_window)
     async with Bus(config.kafka, role="signals") as bus, anyio.create_task_group() as tg:
 
@@ -223,7 +225,9 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     log.info("%d groups left with their partitions; their new owner rebuilds them", lost)
                 # --- publish whole (or expired) groups ---
                 for group, action in gatherer.decide(time.monotonic()):
-                    await _publish(bus, group, action, settings, listed_token_loss)
+                    await _publish(
+                        bus, group, action, settings, config.policy_learner
+                    )  # its losses decide what rides
                 # --- commit what no group in memory still needs ---
                 marks = {tp: o for tp, o in gatherer.watermark().items() if committed.get(tp) != o}
                 if marks:

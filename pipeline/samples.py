@@ -24,11 +24,17 @@ from schemas.events import (
 
 
 def build_samples(
-    request_id: str, judged: list[JudgedTrajectory], config: SignalsConfig, *, listed_token_loss: bool = False
+    request_id: str,
+    judged: list[JudgedTrajectory],
+    config: SignalsConfig,
+    *,
+    listed_token_loss: bool = False,
+    listed_conditional: bool = False,
 ) -> tuple[PolicySampleBatch, RewardSampleBatch, algorithm.GroupSignals]:
     """Policy and reward-model sample batches of one request's judged rollouts (pure). With
     `listed_token_loss` (the policy learner trains it) the invalid draws passed over are kept at any
-    penalty, 0 included, for where they left the listed answers."""
+    penalty, 0 included, for where they left the listed answers; with `listed_conditional` (the
+    listed-conditional term) each played valid answer carries its state's listed answers."""
     for j in judged:
         if len(j.steps) != len(j.trajectory.steps):
             raise ValueError(f"{j.key}: {len(j.steps)} step judgements for {len(j.trajectory.steps)} steps")
@@ -79,7 +85,9 @@ def build_samples(
             unlisted_at=left[0] if left else 0,
             listed_tokens=left[1] if left else [],
             # a played valid answer was drawn from the policy conditioned on naming a listed action
-            listed_answers=step.listed_answers if answer is step and step.valid_action else [],
+            listed_answers=step.listed_answers
+            if listed_conditional and answer is step and step.valid_action
+            else [],
         )
 
     policy: list[PolicySample] = []

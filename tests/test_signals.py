@@ -232,9 +232,13 @@ def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
     )
     policy = {
         s.sample_key: s
-        for s in build_samples("A", rollouts, SignalsConfig(episode_weighting=False), listed_token_loss=True)[
-            0
-        ].samples
+        for s in build_samples(
+            "A",
+            rollouts,
+            SignalsConfig(episode_weighting=False),
+            listed_token_loss=True,
+            listed_conditional=True,
+        )[0].samples
     }
     assert {"A/0/0", "A/0/1"} <= set(policy)
     left = {key: (s.unlisted_at, s.listed_tokens) for key, s in policy.items() if s.listed_tokens}
@@ -246,6 +250,8 @@ def test_invalid_answers_carry_where_they_left_the_listed_answers() -> None:
     # without that loss the draws would train nothing at penalty 0: not kept, the played answers are
     without = build_samples("A", rollouts, SignalsConfig(episode_weighting=False))[0].samples
     assert sorted(s.sample_key for s in without) == sorted(k for k in policy if "/r" not in k)
+    # and without the listed-conditional term no sample carries the listed answers
+    assert not any(s.listed_answers for s in without)
 
 
 def test_an_invalid_penalty_pushes_invalid_answers_down_and_scores_valid_steps_among_themselves() -> None:
