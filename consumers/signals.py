@@ -224,10 +224,9 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 if lost:
                     log.info("%d groups left with their partitions; their new owner rebuilds them", lost)
                 # --- publish whole (or expired) groups ---
+                # (the policy learner's losses decide what rides on the samples)
                 for group, action in gatherer.decide(time.monotonic()):
-                    await _publish(
-                        bus, group, action, settings, config.policy_learner
-                    )  # its losses decide what rides
+                    await _publish(bus, group, action, settings, config.policy_learner)
                 # --- commit what no group in memory still needs ---
                 marks = {tp: o for tp, o in gatherer.watermark().items() if committed.get(tp) != o}
                 if marks:
