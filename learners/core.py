@@ -543,15 +543,19 @@ class Learner:
             step = LearnerStep(stats=stats, version=self.state.version)
             if last:
                 self.state.batches += 1
-            if last and self.state.batches % self.cfg.publish_every == 0:
+            new_version = last and self.state.batches % self.cfg.publish_every == 0
+            if new_version:
                 self.state.version += 1
                 step.version = self.state.version
-                if self.state.version % self.cfg.checkpoint_every == 0:
-                    step.committed = self._checkpoint()
-                step.published = self._publish()
+            # journal before checkpoint: a kill -9 between them leaves the checkpoint's step in the
+            # lineage, and a step the checkpoint lacks is cut out by the restore's own line
             if self.engine.rank == 0:
                 entry = {"step": self.state.optimizer_step, "version": self.state.version, "keys": stats.keys}
                 ckpt.append_journal(self.root, entry if epoch == 0 else entry | {"epoch": epoch})
+            if new_version:
+                if self.state.version % self.cfg.checkpoint_every == 0:
+                    step.committed = self._checkpoint()
+                step.published = self._publish()
             done.append(step)
         return done
 

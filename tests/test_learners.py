@@ -380,6 +380,28 @@ def test_journal_lineage_cuts_undone_steps(tmp_path: Path) -> None:
     assert [e["keys"] for e in ckpt.read_lineage(tmp_path)] == [["a"], ["b"], ["c2"]]
 
 
+def test_a_crash_right_after_a_checkpoint_keeps_its_step_in_the_lineage(tmp_path: Path) -> None:
+    """The journal line goes before the checkpoint: a kill between the checkpoint and the publish
+    (here, the publish fails) must not leave a restored step whose keys the lineage lacks."""
+    from learners import policy
+    from learners.core import Learner
+    from schemas.config import KafkaConfig
+
+    config = role_config(tmp_path, KafkaConfig())
+    learner = Learner(config, policy.spec(config))
+    learner.pending = fixed_batch(4)
+
+    def crash() -> None:
+        raise RuntimeError("killed before the publish")
+
+    learner._publish = crash
+    with pytest.raises(RuntimeError, match="killed"):
+        learner._train_batch()
+    root = Path(config.workdir) / "checkpoints" / "policy"
+    assert ckpt.latest_checkpoint(root).name == "step-00000001"
+    assert sorted(lineage_keys(root)) == sorted(s.key for s in fixed_batch(4))
+
+
 # --- the policy learner role against the real broker ---
 def tiny_model_dir(root: Path) -> Path:
     from infra.models.tokenizer import train_word_tokenizer
