@@ -8,16 +8,18 @@ ZERO_ADVANTAGE_ATOL = 1e-9  # |advantage| at or below this carries no gradient w
 
 
 def capacity(
-    max_concurrent: int, running: int, accepted: int, version: int, batch_size: int, eta: int
+    max_concurrent: int, running: int, accepted: int, version: int, groups_per_version: int, eta: int
 ) -> int:
     """How many new rollouts the scheduler may start now (AReaL's gate), never negative.
 
-    `min(max_concurrent - running, (eta + version + 1) * batch_size - (accepted + running))`:
+    `min(max_concurrent - running, (eta + version + 1) * groups_per_version - (accepted + running))`:
     the first term bounds the work in flight; the second keeps every rollout (accepted by the
     learner so far or still running) within `eta` versions of the policy that will train on it,
-    where `version` is the learner's current policy version and `batch_size` the samples per step.
+    where `version` is the learner's current policy version and `groups_per_version` the rollout
+    groups one version consumes (AReaL's batch size, counted in the unit the gate counts: groups).
     """
-    return max(0, min(max_concurrent - running, (eta + version + 1) * batch_size - (accepted + running)))
+    in_reach = (eta + version + 1) * groups_per_version  # groups the next eta + 1 versions consume
+    return max(0, min(max_concurrent - running, in_reach - (accepted + running)))
 
 
 def filter_stale(sample_versions: Sequence[int], current_version: int, eta: int) -> tuple[list[int], int]:

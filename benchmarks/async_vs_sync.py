@@ -80,7 +80,7 @@ def main() -> None:
         FORGESTREAM_POLICY_LEARNER__STUB_SAMPLE_S=str(args.train_s),
         # a version per group, one pass: the learner's bound is 1 / train-s, and in lockstep (η = 0) the
         # scheduler admits one group, waits for its version, admits the next
-        FORGESTREAM_SCHEDULER__BATCH_SIZE="1",
+        FORGESTREAM_SCHEDULER__GROUPS_PER_VERSION="1",
         FORGESTREAM_POLICY_LEARNER__BATCH_SAMPLES="1",
         FORGESTREAM_POLICY_LEARNER__EPOCHS="1",
         FORGESTREAM_REWARD_LEARNER__ENGINE="stub",
@@ -93,8 +93,7 @@ def main() -> None:
         FORGESTREAM_REWARD_LEARNER__BATCH_WAIT_S="1",
     )
     modes = {
-        "lockstep": {"FORGESTREAM_SCHEDULER__ETA": "0", "FORGESTREAM_POLICY_LEARNER__ETA": "0",
-                     "FORGESTREAM_REWARD_LEARNER__ETA": "0"},
+        "lockstep": {"FORGESTREAM_OFF_POLICY__ETA": "0", "FORGESTREAM_REWARD_LEARNER__ETA": "0"},
         "streaming": {},
     }  # fmt: skip
     bound = 1.0 / args.train_s

@@ -171,8 +171,8 @@ def role_case(ranks: int, groups: int, batch_samples: int) -> dict:
     vocab = load_trainable(ModelConfig(), role="policy", workdir=workdir)[0].config.vocab_size
     env = child_env(FORGESTREAM_POLICY_LEARNER__ENGINE="deepspeed", FORGESTREAM_POLICY_LEARNER__ZERO_STAGE="2",
                     FORGESTREAM_POLICY_LEARNER__BATCH_SAMPLES=str(batch_samples),
-                    FORGESTREAM_POLICY_LEARNER__BATCH_WAIT_S="0", FORGESTREAM_POLICY_LEARNER__ETA="1000",
-                    FORGESTREAM_SCHEDULER__ETA="1000", PYTHONPATH=str(ROOT),
+                    FORGESTREAM_POLICY_LEARNER__BATCH_WAIT_S="0", FORGESTREAM_OFF_POLICY__ETA="1000",
+                    PYTHONPATH=str(ROOT),
                     TORCH_EXTENSIONS_DIR=str(ROOT / ".cache" / "torch_extensions"))  # fmt: skip
     role = ["-m", "app.cli", "run", "policy-learner", "--workdir", str(workdir)]
     with Broker() as broker:

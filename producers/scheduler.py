@@ -14,7 +14,7 @@ the latest published policy version. So no trained sample is more than `eta` ver
 the learner falls behind its own batch size. A group with no signal (every advantage 0: e.g. all
 rollouts failed and the verdicts tell no step apart), or one dropped (a rejected variant), is never
 trained on, so it frees its slot without counting as accepted: otherwise a policy that fails
-everything would stall the loop at (eta + version + 1) * batch_size groups with the learner waiting
+everything would stall the loop at (eta + version + 1) * groups_per_version groups with the learner waiting
 for samples that never come. A request never settled after `request_timeout_s` (lost to the DLQ, a
 retired task) stops counting as running.
 """
@@ -189,7 +189,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     flight.running,
                     flight.accepted,
                     version,
-                    cfg.batch_size,
+                    cfg.groups_per_version,
                     eta,
                 )
                 gate = (room, flight.running, flight.accepted, version)

@@ -86,7 +86,7 @@ def settled(request: RolloutRequest, policy_samples: int) -> GroupSettled:
 
 @pytest.mark.timeout(90)
 async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config: Any, tmp_path: Any) -> None:
-    # eta=0, batch_size=1: capacity = min(4 - running, (version + 1) * 1 - (accepted + running)),
+    # eta=0, groups_per_version=1: capacity = min(4 - running, (version + 1) * 1 - (accepted + running)),
     # running = requests not settled by signals yet, accepted = settled groups with policy samples.
     cfg = SchedulerConfig(
         domain="household",
@@ -94,7 +94,7 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         seed_difficulty=0,
         rollouts_per_task=2,
         max_concurrent_requests=4,
-        batch_size=1,
+        groups_per_version=1,
         poll_s=0.1,
     )
     config = RunConfig(
@@ -154,7 +154,7 @@ async def test_requests_of_one_task_spread_over_partitions(kafka_config: Any, tm
     """Requests are keyed by request id: with a single task they still reach several partitions, so
     several actors share the work (a task key put them all on one partition, one actor)."""
     cfg = SchedulerConfig(domain="household", seed_tasks=1, seed_difficulty=0, rollouts_per_task=2,
-                          max_concurrent_requests=8, batch_size=8, poll_s=0.1)  # fmt: skip
+                          max_concurrent_requests=8, groups_per_version=8, poll_s=0.1)  # fmt: skip
     config = RunConfig(
         workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg, off_policy=OffPolicyConfig(eta=0)
     )
