@@ -146,10 +146,10 @@ def listed_conditional_loss(
     of pi(answer) (the listed mass). The policy loss trains -A * log pi(a) per token (its per-sample token
     mean: a sample's sequence weighs 1 / its `tokens`); this adds A * log M / tokens for each sample, so
     the pair trains -A * log pi(a | listed): an answer's advantage moves mass among the listed answers and
-    never to or from the unlisted ones. The term is not clipped nor importance-weighted: exact where the
-    samples are on-policy, as the loop's small versions nearly are. `answer_logprobs[i]` is [K_i], the sequence logprob of each of
-    state i's listed answers; `advantages` and `tokens` are [N]. Returns (the mean over the N samples,
-    each state's mass M [N], detached).
+    never to or from the unlisted ones. The term is neither clipped nor importance-weighted: exact where
+    the samples are on-policy, as the loop's small versions nearly are. `answer_logprobs[i]` is [K_i], the
+    sequence logprob of each of state i's listed answers; `advantages` and `tokens` are [N]. Returns (the
+    mean over the N samples, each state's mass M [N], detached).
     """
     if len(answer_logprobs) != advantages.shape[0] or advantages.shape != tokens.shape:
         raise ValueError(f"{len(answer_logprobs)} states, advantages {tuple(advantages.shape)}, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from msgspec import Meta, Struct, field
+from msgspec import Meta, Struct, field, structs
 
 from schemas.events import Domain
 
@@ -185,12 +185,13 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     parallel_episodes: PosInt = 8
     """Episodes stepped together; generation is batched across them."""
     max_steps: Annotated[int, Meta(ge=1, le=200)] = 40
-    redraw: Annotated[int, Meta(ge=1, le=64)] = 1
+    redraw: Annotated[int, Meta(ge=1, le=64)] | None = None
     """Answers sampled per turn; the first that names a listed action is played (all invalid: the first),
     as `forgestream eval --modes redraw` plays (1 = the paper: every answer is played). The played
     answer carries its own logprobs; the invalid draws passed over ride along on the step
     (`Step.rejected`) and train only under `signals.invalid_penalty`. Domains without a list of actions
-    need 1. At 8, 12-minute
+    need 1. Unset: 8 on domains that list their actions (`LISTED_ACTION_DOMAINS`), 1 elsewhere (the run
+    config resolves it), because 1 loses the band in every household run measured here. At 8, 12-minute
     runs (held-out level 8, 200 tasks) kept the band where the defaults lost it (sampled 0.435 / 0.405
     on run seeds 0 / 1 against 0.11 / 0.185; the preset 0.46) and taught the format (invalid turns
     0.55 -> 0.43 / 0.48; 0.38 with a fresh task per group), but the choice among valid actions got worse
@@ -198,8 +199,10 @@ class ActorConfig(Config, frozen=True, kw_only=True):
     With policy_learner.lr 3e-5 the choice held (0.705 / 0.75 redrawn) and sampled play ended at 0.48 /
     0.50 (seeds 0 / 1, 12 and 15 minutes), inside the preset's interval; run 30 minutes (seed 0, v40) it
     learned the format (invalid turns 0.31, none valid of 8 0.03) and lost the choice (0.345 sampled,
-    0.51 redrawn): the smaller step delays the harm, it does not remove it. Not a gain, so not the
-    default."""
+    0.51 redrawn): the smaller step delays the harm, it does not remove it. With the listed-conditional
+    term (policy_learner.listed_conditional, on with the redraw) long runs keep the band; the 15-minute
+    `make run` with these defaults ends at 0.50 [0.43, 0.57] sampled, 0.755 redrawn (seed 0, v6):
+    the preset's level, not a gain."""
     min_version_wait_s: NonNegFloat = 30.0
     """How long a request waits for its min_policy_version to be published before running anyway."""
     swap_weights: Literal["every_turn", "between_episodes"] = "every_turn"
@@ -416,15 +419,17 @@ class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
     preset's invalid draws leave the list at the object or container after a listed verb (a wrong belief
     about the room), so staying listed there means doing something else, which this model learns as
     "go to" everywhere."""
-    listed_conditional: bool = False
-    """Train each played valid answer as a draw from the policy it was played from under `actor.redraw`:
+    listed_conditional: bool | None = None
+    """Unset: on whenever the actor redraws (`actor.redraw` > 1). Train each played valid answer as a
+    draw from the policy it was played from under `actor.redraw`:
     the policy conditioned on naming a listed action, log pi(a) - log M (M: the state's listed mass,
     every listed answer scored; `algorithm.listed_conditional_loss`). Off, the loss treats it as a draw from
     the whole policy, and a negative advantage pushes its mass to the unlisted answers too. Needs
     actor.redraw > 1; the actor records the listed answers. With redraw 8 and lr 3e-5, 30 minutes (held-out
     level 8, 200 tasks): 0.54 [0.47, 0.61] sampled and 0.74 redrawn on run seed 0, where the same run without
     it lost the plan (0.345 / 0.51); 0.465 / 0.665 on seed 1; the preset 0.46 / 0.72. It keeps a long run at
-    the preset and adds no gain yet (not the band's +0.15), so it is not the default."""
+    the preset and adds no gain yet (not the band's +0.15); it is on by default because redrawn play
+    without it lost the plan."""
 
 
 class RewardLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
@@ -471,7 +476,9 @@ class RunConfig(Config, frozen=True, kw_only=True):
     seed: NonNegInt = 0
 
     def __post_init__(self) -> None:
-        """Rules across sections: a bad combination fails at start-up, naming both fields."""
+        """Defaults that depend on another section, then rules across sections: a bad combination
+        fails at start-up, naming both fields."""
+        self._resolve_defaults()
         for ok, problem in (
             (self.judge.temperature == self.reward_model.temperature,
              f"judge.temperature ({self.judge.temperature}) must equal reward_model.temperature "
@@ -498,3 +505,15 @@ class RunConfig(Config, frozen=True, kw_only=True):
         ):  # fmt: skip
             if not ok:
                 raise ValueError(problem)
+
+    def _resolve_defaults(self) -> None:
+        # Fields left unset (None) take values that depend on another section; set once here, so every
+        # role reads plain values. The struct is frozen to its readers, not to its own construction.
+        redraw = self.actor.redraw
+        if redraw is None:
+            redraw = 8 if self.scheduler.domain in LISTED_ACTION_DOMAINS else 1
+            structs.force_setattr(self, "actor", structs.replace(self.actor, redraw=redraw))
+        if self.policy_learner.listed_conditional is None:
+            structs.force_setattr(
+                self, "policy_learner", structs.replace(self.policy_learner, listed_conditional=redraw > 1)
+            )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from envs import get_environment
@@ -163,7 +164,24 @@ def test_redraw_and_the_listed_losses_need_a_domain_that_lists_its_actions() -> 
     with pytest.raises(
         ValueError, match=r"policy_learner.listed_conditional needs actor.redraw > 1 \(it is 1\)"
     ):
-        RunConfig(policy_learner=PolicyLearnerConfig(listed_conditional=True))
+        RunConfig(actor=ActorConfig(redraw=1), policy_learner=PolicyLearnerConfig(listed_conditional=True))
+
+
+def test_redraw_and_the_conditional_term_default_by_domain() -> None:
+    """Unset, the actor redraws (8 answers) where the domain lists its actions and plays every answer
+    elsewhere; the listed-conditional term follows the redraw. Set values are kept as given."""
+    household = RunConfig()
+    assert (household.actor.redraw, household.policy_learner.listed_conditional) == (8, True)
+    arith = RunConfig(scheduler=SchedulerConfig(domain="arith"))
+    assert (arith.actor.redraw, arith.policy_learner.listed_conditional) == (1, False)
+    paper = RunConfig(actor=ActorConfig(redraw=1))
+    assert (paper.actor.redraw, paper.policy_learner.listed_conditional) == (1, False)
+    kept = RunConfig(
+        actor=ActorConfig(redraw=4), policy_learner=PolicyLearnerConfig(listed_conditional=False)
+    )
+    assert (kept.actor.redraw, kept.policy_learner.listed_conditional) == (4, False)
+    # resolved values are plain: the config encodes and decodes to an equal one
+    assert msgspec.convert(msgspec.to_builtins(household), RunConfig) == household
 
 
 # --- run() against the broker --------------------------------------------------------------------
