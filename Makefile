@@ -35,15 +35,18 @@ $(NPM_PREFIX)/node_modules/.bin/s3rver:
 	mkdir -p $(NPM_PREFIX)
 	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund s3rver
 
-# The default policy / reward presets (bootstrap SFT and DAgger, ~34 min once here, then cached in FORGESTREAM_HOME):
-# built before the tests so that no test's timed wait includes a model build.
+# The default policy / reward presets (bootstrap SFT and DAgger, 72-76 min once here, then cached in
+# FORGESTREAM_HOME; an interrupted build resumes from its last finished stage).
 presets: setup
 	$(VENV)/bin/forgestream prepare
 
 run: presets
 	$(VENV)/bin/forgestream up --minutes 15 --workdir .work/run
 
-test: presets
+# The tests start from their own small presets (tests/presets.toml), built first so that no test's
+# timed wait includes a model build; the default presets' quality is `forgestream bench presets`.
+test: setup
+	$(VENV)/bin/forgestream prepare --config tests/presets.toml
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -ra
 

@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,10 @@ import pytest
 from infra.broker import Broker
 from learners import tiny_preset  # noqa: F401  (registers the `tiny` preset's recipe, as the CLI does)
 from schemas.config import KafkaConfig
+
+# The presets every test that runs the CLI's roles starts from: small builds (`make test` prepares
+# them first, in minutes), so that no test waits on the default presets' hour-long build.
+TEST_PRESETS = Path(__file__).with_name("presets.toml")
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -21,7 +21,7 @@ from infra.bus import Bus
 from schemas import topics
 from schemas.config import KafkaConfig
 from schemas.events import RolloutRequest
-from tests.conftest import run_sync
+from tests.conftest import TEST_PRESETS, run_sync
 from tests.test_e2e import ROOT, env_for_tests, wait_for
 
 ACTOR_CONFIG = """
@@ -33,10 +33,9 @@ heartbeat_interval_s = 0.5
 parallel_episodes = 8
 max_steps = 8
 
-[policy_model]
-backend = "stub"
-stub_step_s = 0.05
-"""
+""" + TEST_PRESETS.read_text().replace(  # the stub still reads the preset's tokenizer
+    "[policy_model]\n", '[policy_model]\nbackend = "stub"\nstub_step_s = 0.05\n'
+)
 WINDOW_S = 10.0
 WARMUP_S = 5.0
 

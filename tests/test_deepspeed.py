@@ -220,7 +220,7 @@ async def test_up_runs_a_learner_on_two_ranks_that_die_with_it(tmp_path: Path) -
 
     from schemas import topics
     from schemas.config import KafkaConfig
-    from tests.conftest import eventually
+    from tests.conftest import TEST_PRESETS, eventually
     from tests.test_e2e import CLI, env_for_tests, wait_for
     from tests.test_learners import read_values
 
@@ -230,7 +230,7 @@ async def test_up_runs_a_learner_on_two_ranks_that_die_with_it(tmp_path: Path) -
                              "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}  # fmt: skip
     with open(tmp_path / "up.log", "wb") as log:
         up = subprocess.Popen([*CLI, "up", "--ephemeral", "--no-live", "--minutes", "10", "--workdir", str(workdir),
-                               *[a for role in others for a in ("--without", role)]],
+                               "--config", str(TEST_PRESETS), *[a for role in others for a in ("--without", role)]],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
 

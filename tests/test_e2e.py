@@ -19,12 +19,12 @@ from app.up import NICENESS
 from infra.bus import Bus
 from schemas import topics
 from schemas.config import KafkaConfig
-from tests.conftest import run_sync
+from tests.conftest import TEST_PRESETS, run_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "app.cli"]
 
-# Small but complete: every role, default tiny presets, the paper's m=3 verdicts, groups of 4 on 8 seed tasks.
+# Small but complete: every role, the tests' tiny presets, the paper's m=3 verdicts, groups of 4 on 8 seed tasks.
 E2E_CONFIG = """
 [kafka]
 session_timeout_s = 6.0
@@ -43,11 +43,17 @@ max_concurrent_requests = 16
 parallel_episodes = 8
 max_steps = 8
 
+# This test is about plumbing, and the tests' presets fail most episodes: every group feeds both
+# learners (by default only mixed-outcome groups do), and a small step leaves the policy as it is.
+[signals]
+policy_acc_low = 0.0
+policy_acc_high = 1.0
+rm_acc_low = 0.0
+rm_acc_high = 1.0
+
 [policy_learner]
 batch_samples = 16
 batch_wait_s = 5.0
-# This test is about plumbing: a small step keeps the starting success (~0.2-0.5) so groups of
-# mixed outcomes, the only ones that feed the reward model, keep coming.
 lr = 1e-5
 
 [reward_learner]
@@ -59,7 +65,7 @@ eta = 4
 tasks_per_level = 4
 reward_steps = 8
 max_steps = 8
-"""
+""" + TEST_PRESETS.read_text()
 
 
 def env_for_tests() -> dict[str, str]:
@@ -145,9 +151,8 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
 
         # --- replay: rebuild reward-model samples from the judged topic and train a version ---
         replay_out = tmp_path / "replay"
-        # Today's settings may differ from the run's: here every group's judgements feed the reward model.
         replay_config = tmp_path / "replay.toml"
-        replay_config.write_text(E2E_CONFIG + "\n[signals]\nrm_acc_low = 0.0\nrm_acc_high = 1.0\n")
+        replay_config.write_text(E2E_CONFIG)
         done = subprocess.run(
             [*CLI, "replay", "--bootstrap", info["bootstrap"], "--workdir", str(workdir), "--config", str(replay_config),
              "--out", str(replay_out), "--train-reward-model", "--since", "2000-01-01T00:00:00Z"],
@@ -333,7 +338,7 @@ def test_eval_plays_the_redraw_mode_with_the_count_it_is_given(tmp_path: Path) -
     """The CLI end to end on the policy preset: --redraw reaches the play and the result says which count."""
     out = tmp_path / "eval.json"
     flags = ["--policy", "preset", "--levels", "0", "--tasks", "2", "--modes", "redraw", "--redraw", "3",
-             "--max-steps", "3", "--json", str(out)]  # fmt: skip
+             "--max-steps", "3", "--json", str(out), "--config", str(TEST_PRESETS)]  # fmt: skip
     done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-500:]

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "async_vs_sync": "async_vs_sync.py",
     "judge": "judge_throughput.py",
     "learning": "learning.py",
+    "presets": "presets.py",
     "update": "policy_update.py",
     "textworld": "textworld_ladder.py",
     "textworld_custom": "textworld_ladder.py --domain textworld-custom",
