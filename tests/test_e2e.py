@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,6 +108,21 @@ def trajectories_by_actor(kafka: KafkaConfig) -> list[tuple[float, str]]:
     return run_sync(read())
 
 
+def loop_progress(kafka: KafkaConfig) -> tuple[dict[str, int], int]:
+    """(the newest published version of each model, the task events so far), read off the broker."""
+
+    async def read() -> tuple[dict[str, int], int]:
+        async with Bus(kafka, role="e2e-probe") as bus:
+            weights = await bus.read_topic(topics.WEIGHTS)
+            events = await bus.read_topic(topics.TASK_EVENTS)
+        versions: dict[str, int] = {}
+        for r in weights:
+            versions[r.value.model] = max(versions.get(r.value.model, 0), r.value.version)
+        return versions, len(events)
+
+    return run_sync(read())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -> None:
@@ -116,7 +132,7 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
     env = env_for_tests()
     up_log = open(tmp_path / "up.log", "wb")
     up = subprocess.Popen(
-        [*CLI, "up", "--ephemeral", "--minutes", "3", "--workdir", str(workdir), "--config", str(config)],
+        [*CLI, "up", "--ephemeral", "--minutes", "15", "--workdir", str(workdir), "--config", str(config)],
         cwd=ROOT, env=env, stdout=up_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     second_actor = None
@@ -166,6 +182,14 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
 
         AutoModelForCausalLM.from_pretrained(summary["model_dir"])  # a plain HF folder, usable elsewhere
 
+        # --- the loop turns: both learners publish new versions and the forge adapts a task. The run
+        # stops on these markers, not on a clock: a slow or busy machine gets there later, not never
+        def turned() -> bool:
+            versions, task_events = loop_progress(kafka)
+            return versions.get("policy", 0) >= 3 and versions.get("reward", 0) >= 2 and task_events >= 1
+
+        wait_for(turned, 480, "policy v3, reward v2 and a task event", interval_s=5.0)
+        up.send_signal(signal.SIGINT)  # Ctrl-C: roles drain and stop, `up` writes its report
         assert up.wait(timeout=400) == 0, (tmp_path / "up.log").read_text()[-3000:]
     finally:
         for proc in (second_actor, up):
