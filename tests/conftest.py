@@ -99,6 +99,21 @@ async def eventually(check: Any, timeout_s: float, what: str, *, interval_s: flo
         await anyio.sleep(interval_s)
 
 
+def wait_for(check: Any, timeout_s: float, what: str, *, interval_s: float = 1.0) -> Any:
+    """`eventually` for sync tests (subprocesses, files): poll `check()` until it returns something
+    truthy, and return that; an AssertionError naming `what` after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
 async def wait_records(
     bus: Any, topic: str, ok: Any, *, timeout: float = 60.0, latest_per_key: bool | None = None
 ) -> list[Any]:

@@ -21,8 +21,8 @@ from infra.bus import Bus
 from schemas import topics
 from schemas.config import KafkaConfig
 from schemas.events import RolloutRequest
-from tests.conftest import TEST_PRESETS, run_sync
-from tests.test_e2e import ROOT, env_for_tests, wait_for
+from tests.conftest import TEST_PRESETS, run_sync, wait_for
+from tests.test_e2e import ROOT, env_for_tests
 
 ACTOR_CONFIG = """
 [kafka]

@@ -21,6 +21,7 @@ from infra.topics import create_topics, list_topics
 from schemas import events as ev
 from schemas import topics as T
 from schemas.config import KafkaConfig
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "app.cli"]
@@ -36,14 +37,6 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
-
-
-def wait_until(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_start_stop_leaves_no_process() -> None:
@@ -87,7 +80,7 @@ def test_broker_dies_with_its_parent() -> None:
         assert not gone(tansu_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(5)
-        wait_until(lambda: gone(tansu_pid), 5, "the orphaned broker to die")
+        wait_for(lambda: gone(tansu_pid), 5, "the orphaned broker to die", interval_s=0.05)
     finally:
         parent.kill()
 
@@ -118,7 +111,7 @@ def test_a_role_started_by_up_stops_when_up_is_killed() -> None:
         assert not gone(role_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(5)
-        wait_until(lambda: gone(role_pid), 10, "the role of a killed supervisor to stop")
+        wait_for(lambda: gone(role_pid), 10, "the role of a killed supervisor to stop", interval_s=0.05)
     finally:
         parent.kill()
     # a role whose supervisor is already gone (it is not our parent) refuses to start
@@ -142,7 +135,9 @@ def test_a_role_whose_up_died_exits_after_the_grace_even_if_its_drain_hangs(tmp_
         parent.send_signal(signal.SIGKILL)
         parent.wait(5)
         assert parent.stderr.readline() == "draining\n"  # SIGTERM came, and the drain hangs
-        wait_until(lambda: gone(role_pid), 15, "a role whose drain hangs to exit after its grace")
+        wait_for(
+            lambda: gone(role_pid), 15, "a role whose drain hangs to exit after its grace", interval_s=0.05
+        )
     finally:
         parent.kill()
         with contextlib.suppress(ProcessLookupError):
@@ -240,7 +235,7 @@ def test_cli_broker_runs_in_foreground_and_stops_on_sigterm(tmp_path: Path) -> N
         text=True,
     )
     try:
-        wait_until(lambda: metadata_ok("127.0.0.1", port, timeout_s=0.3), 20, "the CLI broker")
+        wait_for(lambda: metadata_ok("127.0.0.1", port, timeout_s=0.3), 20, "the CLI broker", interval_s=0.05)
         taken = run_cli("broker", "--port", str(port))
         assert taken.returncode == 2 and "already in use" in taken.stderr
         proc.send_signal(signal.SIGTERM)

@@ -220,8 +220,8 @@ async def test_up_runs_a_learner_on_two_ranks_that_die_with_it(tmp_path: Path) -
 
     from schemas import topics
     from schemas.config import KafkaConfig
-    from tests.conftest import TEST_PRESETS, eventually
-    from tests.test_e2e import CLI, env_for_tests, wait_for
+    from tests.conftest import TEST_PRESETS, eventually, wait_for
+    from tests.test_e2e import CLI, env_for_tests
     from tests.test_learners import read_values
 
     workdir = tmp_path / "run"

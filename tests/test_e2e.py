@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from app.up import NICENESS
+from infra.broker import Broker
 from infra.bus import Bus
 from schemas import topics
 from schemas.config import KafkaConfig
-from tests.conftest import TEST_PRESETS, run_sync
+from tests.conftest import TEST_PRESETS, run_sync, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "app.cli"]
@@ -89,16 +90,6 @@ def role_niceness(parent: int, role: str) -> int | None:
     return None
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def trajectories_by_actor(kafka: KafkaConfig) -> list[tuple[float, str]]:
     async def read() -> list[tuple[float, str]]:
         async with Bus(kafka, role="e2e-probe") as bus:
@@ -130,48 +121,66 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
     config = tmp_path / "e2e.toml"
     config.write_text(E2E_CONFIG)
     env = env_for_tests()
-    up_log = open(tmp_path / "up.log", "wb")
-    up = subprocess.Popen(
-        [*CLI, "up", "--ephemeral", "--minutes", "15", "--workdir", str(workdir), "--config", str(config)],
-        cwd=ROOT, env=env, stdout=up_log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    second_actor = None
-    try:
-        info = wait_for(
-            lambda: (workdir / "broker.json").is_file() and json.loads((workdir / "broker.json").read_text()),
-            600, "the broker of `up`",
+    # the test's own broker, which `up` reuses: the topics outlive the loop, so the replay below runs
+    # on a stopped run with the machine to itself (beside a live loop, on 2 cores, it took over 5 minutes)
+    with Broker() as broker:
+        kafka = KafkaConfig(bootstrap=broker.bootstrap, session_timeout_s=6.0)
+        up = subprocess.Popen(
+            [*CLI, "up", "--bootstrap", broker.bootstrap, "--minutes", "15", "--workdir", str(workdir),
+             "--config", str(config)],
+            cwd=ROOT, env=env, stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
-        kafka = KafkaConfig(bootstrap=info["bootstrap"], session_timeout_s=6.0)
+        second_actor = None
+        try:
+            # --- a second actor process joins the group mid-run and gets partitions ---
+            # (That throughput rises with actors is shown in test_actor_scaling.py, where the actors are
+            # the only busy processes: inside `up` on 2 cores they share the CPU with the judge and learners.)
+            wait_for(lambda: (workdir / "broker.json").is_file(), 120, "`up` to create the topics")
+            wait_for(lambda: trajectories_by_actor(kafka), 600, "the first trajectory")
+            # roles off the policy's critical path run at a lower CPU priority, the others at ours
+            for role in ("evaluator", "reward-learner", "judge", "policy-learner"):
+                assert role_niceness(up.pid, role) == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS.get(
+                    role, 0
+                ), role
+            second_actor = subprocess.Popen(
+                [*CLI, "run", "actor", "--bootstrap", broker.bootstrap, "--workdir", str(workdir), "--config",
+                 str(config)],
+                cwd=ROOT, env=env, stdout=open(tmp_path / "actor2.log", "wb"), stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            pid_tag = f"-{second_actor.pid}-"
+            wait_for(
+                lambda: [t for t, a in trajectories_by_actor(kafka) if pid_tag in a],
+                180,
+                "the second actor's first rollout",
+            )
+            keys = [(t, a) for t, a in trajectories_by_actor(kafka)]
+            assert {a for _, a in keys if pid_tag not in a}, "the first actor stopped producing"
 
-        # --- a second actor process joins the group mid-run and gets partitions ---
-        # (That throughput rises with actors is shown in test_actor_scaling.py, where the actors are
-        # the only busy processes: inside `up` on 2 cores they share the CPU with the judge and learners.)
-        wait_for(lambda: trajectories_by_actor(kafka), 300, "the first trajectory")
-        # roles off the policy's critical path run at a lower CPU priority, the others at ours
-        for role in ("evaluator", "reward-learner", "judge", "policy-learner"):
-            assert role_niceness(up.pid, role) == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS.get(
-                role, 0
-            ), role
-        second_actor = subprocess.Popen(
-            [*CLI, "run", "actor", "--bootstrap", info["bootstrap"], "--workdir", str(workdir), "--config", str(config)],
-            cwd=ROOT, env=env, stdout=open(tmp_path / "actor2.log", "wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        pid_tag = f"-{second_actor.pid}-"
-        wait_for(
-            lambda: [t for t, a in trajectories_by_actor(kafka) if pid_tag in a],
-            180,
-            "the second actor's first rollout",
-        )
-        keys = [(t, a) for t, a in trajectories_by_actor(kafka)]
-        assert {a for _, a in keys if pid_tag not in a}, "the first actor stopped producing"
+            # --- the loop turns: both learners publish new versions and the forge adapts a task. The
+            # run stops on these markers, not on a clock: a slow or busy machine gets there later
+            def turned() -> bool:
+                versions, task_events = loop_progress(kafka)
+                return versions.get("policy", 0) >= 3 and versions.get("reward", 0) >= 2 and task_events >= 1
+
+            wait_for(turned, 480, "policy v3, reward v2 and a task event", interval_s=5.0)
+            up.send_signal(signal.SIGINT)  # Ctrl-C: roles drain and stop, `up` writes its report
+            assert up.wait(timeout=400) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        finally:
+            for proc in (second_actor, up):
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=60)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
 
         # --- replay: rebuild reward-model samples from the judged topic and train a version ---
         replay_out = tmp_path / "replay"
         replay_config = tmp_path / "replay.toml"
         replay_config.write_text(E2E_CONFIG)
         done = subprocess.run(
-            [*CLI, "replay", "--bootstrap", info["bootstrap"], "--workdir", str(workdir), "--config", str(replay_config),
-             "--out", str(replay_out), "--train-reward-model", "--since", "2000-01-01T00:00:00Z"],
+            [*CLI, "replay", "--bootstrap", broker.bootstrap, "--workdir", str(workdir), "--config",
+             str(replay_config), "--out", str(replay_out), "--train-reward-model", "--since", "2000-01-01T00:00:00Z"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
@@ -182,25 +191,7 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
 
         AutoModelForCausalLM.from_pretrained(summary["model_dir"])  # a plain HF folder, usable elsewhere
 
-        # --- the loop turns: both learners publish new versions and the forge adapts a task. The run
-        # stops on these markers, not on a clock: a slow or busy machine gets there later, not never
-        def turned() -> bool:
-            versions, task_events = loop_progress(kafka)
-            return versions.get("policy", 0) >= 3 and versions.get("reward", 0) >= 2 and task_events >= 1
-
-        wait_for(turned, 480, "policy v3, reward v2 and a task event", interval_s=5.0)
-        up.send_signal(signal.SIGINT)  # Ctrl-C: roles drain and stop, `up` writes its report
-        assert up.wait(timeout=400) == 0, (tmp_path / "up.log").read_text()[-3000:]
-    finally:
-        for proc in (second_actor, up):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-
-    # --- status of the stopped (ephemeral) run: the last snapshot `up` wrote ---
+    # --- status of the stopped run, its broker gone: the last snapshot `up` wrote ---
     status = subprocess.run(
         [*CLI, "status", "--workdir", str(workdir), "--json"],
         cwd=ROOT,

@@ -471,12 +471,10 @@ async def send_batches(kafka_config, batches) -> None:
 async def wait_for_version(kafka_config, version: int, timeout_s: float) -> None:
     from schemas import topics
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(w.version >= version for w in await read_values(kafka_config, topics.WEIGHTS)):
-            return
-        await anyio.sleep(0.2)
-    raise TimeoutError(f"version {version} not published within {timeout_s}s")
+    async def published() -> bool:
+        return any(w.version >= version for w in await read_values(kafka_config, topics.WEIGHTS))
+
+    await eventually(published, timeout_s, f"version {version} on forge.weights")
 
 
 def lineage_keys(root: Path) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -26,7 +25,7 @@ from schemas.events import (
     TaskSpec,
     Trajectory,
 )
-from tests.conftest import wait_records
+from tests.conftest import eventually, wait_records
 
 TASK = TaskSpec(task_id="t-base", domain="arith", difficulty=0, params={}, seed=1)
 
@@ -484,10 +483,13 @@ async def test_archive_writes_each_judged_trajectory_once(kafka_config: Any, tmp
         tg.start_soon(lambda: archive.run(config, shutdown=shutdown))
         for value in [*a, a[0]]:  # one redelivery
             await bus.send(topics.JUDGED, value, key=value.trajectory.request_id)
-        deadline = time.monotonic() + 30
-        while sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "archive").glob("*.jsonl")) < 3:
-            assert time.monotonic() < deadline, "archive wrote nothing"
-            await anyio.sleep(0.2)
+        await eventually(
+            lambda: (
+                sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "archive").glob("*.jsonl")) >= 3
+            ),
+            30,
+            "three archived trajectories",
+        )
         shutdown.set()
     items = list(archive.read_archive(tmp_path / "archive"))
     assert sorted(i["trajectory"]["rollout_index"] for i in items) == [0, 1, 2]
