@@ -37,8 +37,11 @@ MAX_SFT_TOKENS = 1024  # longer examples are skipped: they would dominate a CPU 
 GOOD, BAD = "\\boxed{1}", "\\boxed{-1}"
 
 
-def available_environments(domains: Iterable[str] | None = None) -> dict[str, Any]:
-    """domain -> Environment for each domain whose module is importable (envs land independently)."""
+def available_environments(
+    domains: Iterable[str] | None = None, *, expert: str = "omniscient"
+) -> dict[str, Any]:
+    """domain -> Environment for each domain whose module is importable (envs land independently);
+    `expert` other than omniscient goes to the environments whose expert has that mode."""
     import envs
 
     out: dict[str, Any] = {}
@@ -47,6 +50,9 @@ def available_environments(domains: Iterable[str] | None = None) -> dict[str, An
             out[domain] = envs.get_environment(domain)
         except ImportError as e:
             log.warning("domain %s unavailable for bootstrap: %s", domain, e)
+            continue
+        if expert != "omniscient" and hasattr(out[domain], "expert"):
+            out[domain].expert = expert
     return out
 
 
@@ -127,9 +133,9 @@ def _walk(env: Any, task: Any, rng: random.Random) -> Iterator[tuple[Any, list[s
         history.append(response)
 
 
-def policy_pairs(domains: list[str], *, seed: int) -> Iterator[tuple[str, str]]:
+def policy_pairs(domains: list[str], *, seed: int, expert: str = "omniscient") -> Iterator[tuple[str, str]]:
     """Endless (prompt, expert response) pairs, tasks drawn uniformly over domains and difficulties."""
-    envs_by_domain = available_environments(domains)
+    envs_by_domain = available_environments(domains, expert=expert)
     if not envs_by_domain:
         raise RuntimeError(f"no bootstrap domain available among {domains}")
     rng = random.Random(seed)
@@ -187,13 +193,16 @@ def _play_training(
     max_tokens: int,
     max_steps: int = 40,
     expert: bool = False,
+    expert_mode: str = "omniscient",
 ) -> Iterator[Any]:
     """The episodes (`envs.play.PlayedEpisode`) `backend` plays on `episodes` training tasks of the
     `domains` whose environment has the attribute `needs`, drawn uniformly from `levels` (those the
     domain has); none where no domain has it."""
     from envs.play import play_tasks
 
-    envs_by_domain = {d: e for d, e in available_environments(domains).items() if hasattr(e, needs)}
+    envs_by_domain = {
+        d: e for d, e in available_environments(domains, expert=expert_mode).items() if hasattr(e, needs)
+    }
     if not envs_by_domain:
         return
     rng = random.Random(seed)
@@ -255,12 +264,14 @@ def visited_state_pairs(
     temperature: float,
     max_tokens: int,
     max_steps: int = 40,
+    expert: str = "omniscient",
 ) -> list[tuple[str, str]]:
     """(prompt, expert response) in every state `backend` reached on `episodes` training tasks, for the
-    domains that have `expert_response`; the others give none."""
+    domains that have `expert_response` (in the `expert` mode where the domain has modes); the others
+    give none."""
     played = _play_training(backend, domains, needs="expert_response", episodes=episodes, levels=levels,
                             seed=seed, temperature=temperature, max_tokens=max_tokens, max_steps=max_steps,
-                            expert=True)  # fmt: skip
+                            expert=True, expert_mode=expert)  # fmt: skip
     pairs = [(s.prompt, s.expert) for e in played for s in e.steps if s.prompt is not None and s.expert]
     log.info("dagger: %d labelled states from %d episodes", len(pairs), episodes)
     return pairs

@@ -90,6 +90,8 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
         parts["dagger"] = {"rounds": model.bootstrap_dagger_rounds, "levels": model.bootstrap_dagger_levels,
                            "steps": dagger_steps(model), "episodes": dagger_episodes(model),
                            "own_share": bootstrap.DAGGER_OWN_SHARE, "lr": bootstrap.DAGGER_LR}  # fmt: skip
+    if role == "policy" and model.bootstrap_expert != "omniscient":  # the default keeps its cache key
+        parts["expert"] = model.bootstrap_expert
     rollout_policy = None
     if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
         rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)
@@ -193,7 +195,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
     data: dict[str, object] = {}
     resumed: list[str] = []
     if role == "policy":
-        pairs = bootstrap.policy_pairs(domains, seed=model.seed)
+        pairs = bootstrap.policy_pairs(domains, seed=model.seed, expert=model.bootstrap_expert)
     else:
         rollouts = None
         if rollout_policy is not None:
@@ -261,11 +263,11 @@ def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[st
     seed = model.seed + 1 + round_index
     own = bootstrap.visited_state_pairs(
         HFBackend(out), domains, episodes=dagger_episodes(model), levels=model.bootstrap_dagger_levels,
-        seed=seed, temperature=model.temperature, max_tokens=model.max_new_tokens,
+        seed=seed, temperature=model.temperature, max_tokens=model.max_new_tokens, expert=model.bootstrap_expert,
     )  # fmt: skip
     if not own:  # no domain with an expert to ask
         return {"states": 0}
-    pairs = bootstrap.mixed_pairs(own, bootstrap.policy_pairs(domains, seed=seed),
+    pairs = bootstrap.mixed_pairs(own, bootstrap.policy_pairs(domains, seed=seed, expert=model.bootstrap_expert),
                                   own_share=bootstrap.DAGGER_OWN_SHARE, seed=seed)  # fmt: skip
     report = bootstrap.sft(
         net, tokenizer, pairs, steps=dagger_steps(model), seed=seed, lr=bootstrap.DAGGER_LR

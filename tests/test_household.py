@@ -107,13 +107,14 @@ def test_prompt_is_compact_and_numbered_in_sorted_order() -> None:
                 assert f"\n{i}: {text}\n" in prompt
 
 
+def hand_built(params: dict) -> TaskSpec:
+    """A household task from hand-written params (at level 3; the level does not change the play)."""
+    return TaskSpec(task_id="t", domain="household", difficulty=3, seed=0, params=params)
+
+
 def test_closed_receptacles_hide_their_contents() -> None:
-    task = TaskSpec(
-        task_id="t",
-        domain="household",
-        difficulty=3,
-        seed=0,
-        params={
+    task = hand_built(
+        {
             "rooms": ["kitchen"],
             "start": "kitchen",
             "receptacles": [
@@ -122,7 +123,7 @@ def test_closed_receptacles_hide_their_contents() -> None:
             ],
             "objects": [{"name": "apple 1", "at": "drawer 1"}, {"name": "mug 1", "at": "table 1"}],
             "goal": {"kind": "place", "object": "apple", "target": "table 1"},
-        },
+        }
     )
     episode = ENV.reset(task)
     assert "drawer 1 (closed)" in episode.prompt() and "apple" not in episode.prompt().split("Actions:")[1]
@@ -364,3 +365,54 @@ def test_a_search_step_explores_until_a_goal_object_is_in_view() -> None:
     assert "spoon 1" in episode.prompt() and episode.admissible()[1] == "open cabinet 1"
     assert not step_is_progress(task, opened, cabinet_now) and not step_explores(task, opened, cabinet_now)
     assert not step_explores(task, [], "\\boxed{9}") and not step_explores(task, [], "no answer")
+
+
+def test_the_searching_expert_looks_before_it_takes_and_finds_the_target_room() -> None:
+    """A kitchen with two closed drawers (the apple in drawer 2) and a hall holding the target. The
+    omniscient expert opens drawer 2 at once; the searching one opens the nearer-by-name drawer 1
+    first, takes the apple once it has seen it, and enters the hall it has never seen to find the
+    table. Its labels on the way are listed actions."""
+    task = hand_built(
+        {
+            "rooms": ["hall", "kitchen"],
+            "doors": [["hall", "kitchen"]],
+            "start": "kitchen",
+            "receptacles": [
+                {"name": "drawer 1", "room": "kitchen", "openable": True, "closed": True},
+                {"name": "drawer 2", "room": "kitchen", "openable": True, "closed": True},
+                {"name": "table 1", "room": "hall"},
+            ],
+            "objects": [{"name": "apple 1", "at": "drawer 2"}],
+            "goal": {"kind": "place", "object": "apple", "target": "table 1"},
+        }
+    )
+    omniscient, searching = HouseholdEnv(), HouseholdEnv(expert="searching")
+    assert omniscient.expert_response(omniscient.reset(task)) == "\\boxed{ open drawer 2}"
+    episode = searching.reset(task)
+    played = []
+    while (answer := searching.expert_response(episode)) is not None:
+        assert answer[len("\\boxed{ ") : -1] in episode.admissible()
+        played.append(answer)
+        episode.step(answer)
+    assert played == [
+        "\\boxed{ open drawer 1}",
+        "\\boxed{ open drawer 2}",
+        "\\boxed{ take apple 1 from drawer 2}",
+        "\\boxed{ go to hall}",
+        "\\boxed{ put apple 1 in table 1}",
+    ]
+    assert episode.outcome == 1
+
+
+def test_the_searching_expert_solves_every_level(ladder: dict[int, list[TaskSpec]]) -> None:
+    """From the start and within the step limit, at most a few steps longer than the oracle on average."""
+    env = HouseholdEnv(expert="searching")
+    for level, tasks in ladder.items():
+        extra = []
+        for task in tasks:
+            episode = env.reset(task)
+            while (answer := env.expert_response(episode)) is not None:
+                episode.step(answer)
+            assert episode.outcome == 1, (level, task.task_id)
+            extra.append(len(episode.actions_taken) - oracle_length(task.params))
+        assert min(extra) >= 0 and statistics.mean(extra) <= 3, (level, extra)

@@ -186,8 +186,11 @@ class HouseholdEnv:
     judged_by = "verdicts"
     levels = len(LADDER)
 
-    def __init__(self, max_steps: int = 40) -> None:
+    def __init__(
+        self, max_steps: int = 40, expert: Literal["omniscient", "searching"] = "omniscient"
+    ) -> None:
         self.max_steps = max_steps
+        self.expert = expert  # what `expert_response` knows: the whole house, or what the agent has seen
 
     def _spec(self, params: dict[str, Any], difficulty: int, rng: random.Random, **extra: Any) -> TaskSpec:
         return TaskSpec(
@@ -227,14 +230,19 @@ class HouseholdEnv:
         return responses
 
     def expert_response(self, episode: HouseholdEpisode) -> str | None:
-        """The first step of a shortest solution from the episode's current state (None if done or
-        stuck): the label for states off the oracle's path (demonstrations with detours)."""
+        """The label for the episode's current state (None if done or stuck; demonstrations with
+        detours): omniscient, the first step of a shortest solution; searching, the next step of an
+        agent that knows only what this episode has seen (`World.searching_step`)."""
         if episode.done:
             return None
-        path = episode.world.shortest_path(episode.state)
-        if not path:
+        if self.expert == "searching":
+            step = episode.world.searching_step(episode.states)
+        else:
+            path = episode.world.shortest_path(episode.state)
+            step = path[0] if path else None
+        if step is None:
             return None
-        return boxed(next(text for text, op in episode.world.actions(episode.state) if op == path[0]))
+        return boxed(next(text for text, op in episode.world.actions(episode.state) if op == step))
 
     @staticmethod
     def signature_of(params: dict[str, Any]) -> str:

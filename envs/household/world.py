@@ -210,14 +210,16 @@ class World:
         return s, f"You turn on {self.rec_names[r]}. You hold nothing to look at."
 
     # --- oracle ---
-    def useful_ops(self, s: State) -> list[Op]:
-        """The admissible ops that can lie on a shortest path to the goal.
+    def useful_ops(self, s: State, goal_objs: frozenset[int] | None = None) -> list[Op]:
+        """The admissible ops that can lie on a shortest path to the goal (using only `goal_objs`,
+        default all goal objects).
 
         Sound pruning: closing never helps; taking, transforming or examining a non-goal object never
         helps (one hand, nothing needs it); a goal object is only ever put into the target; opening
         helps only for receptacles that hold a goal object or are the target. A held non-goal object
         may be put anywhere, so every state that can reach the goal still can under these ops.
         """
+        usable = self.goal_objs if goal_objs is None else goal_objs
         out: list[Op] = []
         for op in self.ops(s):
             verb = op[0]
@@ -225,10 +227,10 @@ class World:
                 continue
             if verb == "open":
                 r = op[1]
-                if r != self.target and not any(s.obj_loc[o] == r for o in self.goal_objs):
+                if r != self.target and not any(s.obj_loc[o] == r for o in usable):
                     continue
             elif verb == "take":
-                if op[1] not in self.goal_objs:
+                if op[1] not in usable:
                     continue
             elif verb == "put":
                 if op[1] in self.goal_objs and op[2] != self.target:
@@ -245,8 +247,11 @@ class World:
             out.append(op)
         return out
 
-    def shortest_path(self, start: State) -> list[Op] | None:
-        """BFS over world states: a shortest list of ops from `start` to the goal (None: unreachable)."""
+    def shortest_path(
+        self, start: State, *, goal_objs: frozenset[int] | None = None, rooms: frozenset[int] | None = None
+    ) -> list[Op] | None:
+        """BFS over world states: a shortest list of ops from `start` to the goal (None: unreachable),
+        using only `goal_objs` and moving only among `rooms` (defaults: all)."""
         if self.achieved(start):
             return []
         parent: dict[State, tuple[State, Op] | None] = {start: None}
@@ -254,7 +259,9 @@ class World:
         while queue:
             s = queue.popleft()
             # Sorting keeps the chosen path deterministic across processes.
-            for op in sorted(self.useful_ops(s)):
+            for op in sorted(self.useful_ops(s, goal_objs)):
+                if rooms is not None and op[0] == "go" and op[1] not in rooms:
+                    continue
                 s2, _ = self.apply(s, op)
                 if s2 in parent:
                     continue
@@ -272,3 +279,61 @@ class World:
     def distance(self, s: State) -> int | None:
         path = self.shortest_path(s)
         return None if path is None else len(path)
+
+    # --- an expert that knows only what it has seen ---
+    def searching_step(self, seen: list[State]) -> Op | None:
+        """The next op of an agent that knows only what it saw in `seen` (every state it has been in,
+        the current one last); None when the goal is reached. Objects move only when the agent moves
+        them, so what it saw is still true. With enough seen goal objects it follows a shortest plan
+        through rooms it has visited (the target's and the appliance's included); until then it takes a
+        seen goal object within reach and looks: the nearest closed receptacle it never saw into (while
+        goal objects are missing), else the nearest room it never entered. Ties go to the alphabetically
+        first name."""
+        s = seen[-1]
+        if self.achieved(s):
+            return None
+        visited = frozenset(x.loc for x in seen)
+        known: set[int] = set()
+        looked: set[int] = set()
+        for x in seen:
+            if x.held >= 0:
+                known.add(x.held)
+            for r in self.room_recs[x.loc]:
+                if not self.rec_openable[r] or self.is_open(x, r):
+                    looked.add(r)
+                    known.update(o for o, at in enumerate(x.obj_loc) if at == r)
+        usable = frozenset(known & self.goal_objs)
+        path = self.shortest_path(s, goal_objs=usable, rooms=visited)
+        if path:
+            return path[0]
+        need = 2 if self.goal_kind == "pick_two" else 1
+        if s.held < 0:  # a seen goal object within reach goes along while the search goes on
+            for op in sorted(self.ops(s)):
+                if op[0] == "take" and op[1] in usable and op[2] != self.target:
+                    return op
+        # rooms by distance through visited rooms (an unvisited room ends a route: its exits are unknown)
+        first_go: dict[int, Op | None] = {s.loc: None}
+        dist = {s.loc: 0}
+        queue = deque([s.loc])
+        while queue:
+            room = queue.popleft()
+            if room not in visited:
+                continue
+            for n in self.exits[room]:
+                if n not in dist:
+                    dist[n] = dist[room] + 1
+                    first_go[n] = first_go[room] or ("go", n)
+                    queue.append(n)
+        options: list[tuple[int, str, Op]] = []
+        for room, d in dist.items():
+            go = first_go[room]
+            if room not in visited:
+                options.append((d, self.rooms[room], go))  # type: ignore[arg-type]
+            elif len(usable) < need:
+                for r in self.room_recs[room]:
+                    if self.rec_openable[r] and r not in looked:
+                        options.append((d + 1, self.rec_names[r], go or ("open", r)))
+        if not options:  # nothing left to look at: the plan needs what only the whole world shows
+            path = self.shortest_path(s)
+            return path[0] if path else None
+        return min(options)[2]
