@@ -92,6 +92,10 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
                            "own_share": bootstrap.DAGGER_OWN_SHARE, "lr": bootstrap.DAGGER_LR}  # fmt: skip
     if role == "policy" and model.bootstrap_expert != "omniscient":  # the default keeps its cache key
         parts["expert"] = model.bootstrap_expert
+    from learners.bootstrap import CORPUS_VERSION
+
+    if CORPUS_VERSION != 1:  # a preset keeps the tokenizer it was trained with: a new corpus, a new preset
+        parts["corpus"] = CORPUS_VERSION
     rollout_policy = None
     if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
         rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)

@@ -114,6 +114,15 @@ def test_tiny_width_and_layers_size_the_preset_under_their_own_key():
         msgspec.convert({"tiny_width": 100}, ModelConfig)
 
 
+def test_a_new_tokenizer_corpus_is_a_new_preset(monkeypatch):
+    small = ModelConfig(bootstrap_sft_seconds=1.0, bootstrap_dagger_rounds=0)
+    before = prepare_preset(small, role="policy", workdir=WORKDIR)
+    monkeypatch.setattr(bootstrap, "CORPUS_VERSION", bootstrap.CORPUS_VERSION + 1)
+    after = prepare_preset(small, role="policy", workdir=WORKDIR)
+    assert after != before  # not the preset trained with the former corpus's tokenizer
+    assert prepare_preset(small, role="policy", workdir=WORKDIR) == after
+
+
 class AlternatingPlayer:
     """Answers every other turn with a room that is no exit, else the first listed action."""
 
