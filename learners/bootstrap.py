@@ -379,9 +379,12 @@ def sft(
     seed: int,
     batch_size: int = 32,
     lr: float = 2e-3,
+    prompt_loss: float = 0.0,
 ) -> dict[str, float]:
-    """Supervised fine-tuning on (prompt, answer) pairs, loss on answer tokens (and eos) only."""
+    """Supervised fine-tuning on (prompt, answer) pairs: the mean loss on answer tokens (and eos), plus
+    `prompt_loss` times the mean loss on the prompt's tokens."""
     import torch
+    import torch.nn.functional as F
 
     from infra.models.tokenizer import encode_prompt, encode_response
 
@@ -405,7 +408,15 @@ def sft(
             ids[i, : len(p) + len(a)] = torch.tensor(p + a)
             labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
             mask[i, : len(p) + len(a)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        if prompt_loss > 0:
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].flatten(0, 1)
+            on_prompt = torch.full_like(labels, -100)
+            for i, (p, _) in enumerate(batch):
+                on_prompt[i, 1 : len(p)] = ids[i, 1 : len(p)]  # after <bos>
+            loss = F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+            loss = loss + prompt_loss * F.cross_entropy(logits, on_prompt[:, 1:].flatten(), ignore_index=-100)
+        else:  # the model's own loss: the default presets' builds stay bit for bit what they were
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

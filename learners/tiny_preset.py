@@ -94,6 +94,8 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
         parts["expert"] = model.bootstrap_expert
     from learners.bootstrap import CORPUS_VERSION
 
+    if model.bootstrap_prompt_loss:
+        parts["prompt_loss"] = model.bootstrap_prompt_loss
     if CORPUS_VERSION != 1:  # a preset keeps the tokenizer it was trained with: a new corpus, a new preset
         parts["corpus"] = CORPUS_VERSION
     rollout_policy = None
@@ -216,7 +218,8 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
                     "rollout_good_steps": len(rollouts[0]), "rollout_bad_steps": len(rollouts[1])}  # fmt: skip
         pairs = bootstrap.reward_pairs(domains, seed=model.seed, rollouts=rollouts)
     report = _stage(stages, "sft", resumed, lambda: bootstrap.sft(net, tokenizer, pairs, steps=sft_steps(model),
-                                                                  seed=model.seed), net)  # fmt: skip
+                                                                  seed=model.seed,
+                                                                  prompt_loss=model.bootstrap_prompt_loss), net)  # fmt: skip
     net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     if role == "policy" and dagger_steps(model) > 0:
@@ -274,7 +277,13 @@ def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[st
     pairs = bootstrap.mixed_pairs(own, bootstrap.policy_pairs(domains, seed=seed, expert=model.bootstrap_expert),
                                   own_share=bootstrap.DAGGER_OWN_SHARE, seed=seed)  # fmt: skip
     report = bootstrap.sft(
-        net, tokenizer, pairs, steps=dagger_steps(model), seed=seed, lr=bootstrap.DAGGER_LR
+        net,
+        tokenizer,
+        pairs,
+        steps=dagger_steps(model),
+        seed=seed,
+        lr=bootstrap.DAGGER_LR,
+        prompt_loss=model.bootstrap_prompt_loss,
     )
     return {"states": len(own), **report}
 

@@ -121,6 +121,10 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     built the same level (held-out level 8, 200 tasks: 0.475 sampled, 0.67 redrawn, invalid turns 0.49,
     against 0.46 / 0.72 / 0.55; level 9 0.15 / 0.24 against 0.135 / 0.225): the student's invalid
     answers are misread states, not the expert's knowledge, so omniscient stays the default."""
+    bootstrap_prompt_loss: NonNegFloat = 0.0
+    """Tiny presets: weight of a language-model loss on the prompt's tokens, beside the answer's, in the
+    SFT and DAgger steps. The prompt's list of actions follows from its observation, so predicting it
+    is practice at the reading an answer needs (which receptacle holds which object). 0 = answer only."""
     tiny_width: Annotated[int, Meta(ge=32, multiple_of=32)] = 128
     """Tiny preset: hidden size (feed-forward 3x as wide, one attention head per 32). 192 with 6 layers
     (3.2 M parameters, a 55-minute build here): valid mass 0.51 -> 0.63 but held-out level 8 success

@@ -6,6 +6,7 @@ Tolerance: fp32 on CPU; a backend's logprobs equal a plain forward pass of the s
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from infra.models import (
 )
 from infra.models.hf_backend import HFBackend
 from infra.models.presets import find_smollm2_gguf
-from infra.models.tokenizer import encode_prompt, encode_response
+from infra.models.tokenizer import encode_prompt, encode_response, train_word_tokenizer
 from infra.models.types import Completion, tokens_within, truncate_at_stop
 from learners import bootstrap, tiny_preset
 from learners.bootstrap import GOOD, reward_pairs
@@ -121,6 +122,31 @@ def test_a_new_tokenizer_corpus_is_a_new_preset(monkeypatch):
     after = prepare_preset(small, role="policy", workdir=WORKDIR)
     assert after != before  # not the preset trained with the former corpus's tokenizer
     assert prepare_preset(small, role="policy", workdir=WORKDIR) == after
+
+
+def test_sft_prompt_loss_adds_the_prompts_language_model_loss():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = train_word_tokenizer(["a b c d", "x y"], min_frequency=1)
+    torch.manual_seed(0)
+    net = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+        num_key_value_heads=1, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    ))  # fmt: skip
+    pairs = itertools.repeat(("a b c d", "x y"))  # lr 0: one step measures the loss and changes nothing
+    step = {"steps": 1, "seed": 0, "batch_size": 1, "lr": 0.0}
+    alone = bootstrap.sft(net, tok, pairs, **step)["first_loss"]
+    both = bootstrap.sft(net, tok, pairs, **step, prompt_loss=0.5)["first_loss"]
+    prompt, answer = encode_prompt(tok, "a b c d"), encode_response(tok, "x y")
+    ids = torch.tensor([prompt + answer])
+    with torch.no_grad():
+        logp = torch.log_softmax(net(input_ids=ids).logits[0, :-1].float(), -1)
+    nll = -logp[torch.arange(ids.shape[1] - 1), ids[0, 1:]]  # position t predicts token t + 1
+    on_answer, on_prompt = nll[len(prompt) - 1 :].mean().item(), nll[: len(prompt) - 1].mean().item()
+    assert len(prompt) == 5 and len(answer) == 3  # <bos> a b c d; x y <eos>
+    assert alone == pytest.approx(on_answer, rel=1e-5)
+    assert both == pytest.approx(on_answer + 0.5 * on_prompt, rel=1e-5)
 
 
 class AlternatingPlayer:
