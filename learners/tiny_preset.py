@@ -78,6 +78,8 @@ def dagger_episodes(model: ModelConfig) -> int:
 
 def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     """The tiny preset's folder for `role` (built and cached on first use)."""
+    from learners import bootstrap
+
     root = cache_root(workdir)
     domains = sorted(set(model.bootstrap_domains))
     # the data's fingerprint, not the envs' source: a prompt-format change rebuilds, a refactor does not
@@ -85,24 +87,19 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     parts = {"preset": "tiny", "role": role, "arch": tiny_arch(model), "seed": model.seed,
              "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
     if role == "policy" and dagger_steps(model) > 0:
-        from learners import bootstrap
-
         parts["dagger"] = {"rounds": model.bootstrap_dagger_rounds, "levels": model.bootstrap_dagger_levels,
                            "steps": dagger_steps(model), "episodes": dagger_episodes(model),
                            "own_share": bootstrap.DAGGER_OWN_SHARE, "lr": bootstrap.DAGGER_LR}  # fmt: skip
     if role == "policy" and model.bootstrap_expert != "omniscient":  # the default keeps its cache key
         parts["expert"] = model.bootstrap_expert
-    from learners.bootstrap import CORPUS_VERSION
-
     if model.bootstrap_prompt_loss:
         parts["prompt_loss"] = model.bootstrap_prompt_loss
-    if CORPUS_VERSION != 1:  # a preset keeps the tokenizer it was trained with: a new corpus, a new preset
-        parts["corpus"] = CORPUS_VERSION
+    # a preset keeps the tokenizer it was trained with: a new corpus, a new preset
+    if bootstrap.CORPUS_VERSION != 1:
+        parts["corpus"] = bootstrap.CORPUS_VERSION
     rollout_policy = None
     if role == "reward" and getattr(model, "bootstrap_rollouts", 0) > 0:
         rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)
-        from learners import bootstrap
-
         parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
                   "rollout_policy": rollout_policy.name, "rollout_draw": bootstrap.ROLLOUT_DRAW}  # fmt: skip
     folder = root / f"tiny-{role}-{cache_key(parts)}"
