@@ -454,3 +454,53 @@ def verdict_accuracy(
         "unparseable": verdicts.count(0) / len(pairs),
         "said_good": verdicts.count(1) / len(pairs),
     }
+
+
+def reading_states(
+    domains: list[str], *, states: int, levels: Iterable[int], seed: int = 99
+) -> list[tuple[str, list[str], str]]:
+    """(prompt, listed actions, expert response) at `states` states of the demonstrations' own walks on
+    training tasks of `levels` (where a domain has them), in the domains that list their actions."""
+    envs_by_domain = available_environments(domains)
+    rng = random.Random(seed)
+    out: list[tuple[str, list[str], str]] = []
+    for _ in range(states):  # each walk gives at least one state, or its domain lists nothing
+        if len(out) >= states or not envs_by_domain:
+            break
+        domain = rng.choice(sorted(envs_by_domain))
+        env = envs_by_domain[domain]
+        band = [level for level in levels if level in _bootstrap_levels(env)] or _bootstrap_levels(env)
+        for episode, _, best in _walk(env, _training_task(env, rng.choice(band), rng), rng):
+            if not hasattr(episode, "admissible"):
+                del envs_by_domain[domain]
+                break
+            out.append((episode.prompt(), episode.admissible(), best))
+    return out[:states]
+
+
+def reading_shares(states: list[tuple[str, list[str], str]], answers: list[str]) -> dict[str, float]:
+    """The share of `answers` (one per state) that name one of the state's listed actions, and the
+    share that name the expert's."""
+    from envs.base import parse_choice
+
+    listed = expert = 0
+    for (_, actions, best), answer in zip(states, answers, strict=True):
+        choice = parse_choice(answer, actions)
+        listed += choice is not None
+        expert += choice is not None and choice == parse_choice(best, actions)
+    return {"listed": listed / len(states), "expert": expert / len(states)} if states else {}
+
+
+def reading(
+    backend: Any, domains: list[str], *, states: int, levels: Iterable[int], max_tokens: int
+) -> dict[str, float | int]:
+    """How well a policy reads its list where it was taught: greedy answers to `reading_states`. The
+    default recipe's builds that learned to copy from the list and those that did not differ here by
+    a quarter of the states, before any held-out game is played (`bootstrap.json` records it)."""
+    drawn = reading_states(domains, states=states, levels=levels)
+    if not drawn:
+        return {"states": 0}
+    outs = backend.generate([p for p, _, _ in drawn], temperature=0.0, max_tokens=max_tokens, seed=0)
+    result = {"states": len(drawn), **reading_shares(drawn, [g[0].text for g in outs])}
+    log.info("reading: %s", result)
+    return result

@@ -226,6 +226,11 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
                                  lambda r=r: _dagger_round(net, tokenizer, model, domains, out, r), net))  # fmt: skip
             net.save_pretrained(str(out))  # the next round plays these weights
         data["dagger"] = rounds
+    if role == "policy" and model.bootstrap_reading_states > 0:  # measured, not trained: not in the key
+        from infra.models.hf_backend import HFBackend
+
+        data["reading"] = bootstrap.reading(HFBackend(out), domains, states=model.bootstrap_reading_states,
+                                            levels=model.bootstrap_dagger_levels, max_tokens=model.max_new_tokens)  # fmt: skip
     # the kernels' instruction set decides the float rounding, and so the weights (the Makefile pins it)
     report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer),
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), **report, **data,

@@ -128,6 +128,12 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     answers the expert's own level-8 states better (0.82 listed against 0.73), and plays held-out level 8
     as the default does (0.46 sampled, invalid turns 0.53 against 0.55; 0.67 redrawn against 0.72; one
     seed). 0 = answer only."""
+    bootstrap_reading_states: NonNegInt = 400
+    """Tiny policy preset: states of the demonstrations' own walks (the DAgger levels) the finished preset
+    answers greedily, to record in `bootstrap.json` how often it names a listed action and the expert's
+    (`reading`). The default recipe is seed-sensitive: seed 0 builds a preset that reads its list, seeds
+    1 and 2 do not (held-out level 8 0.46 against 0.175 at seed 1), and this shows it at build time. Not
+    part of the preset's key. 0 = not measured."""
     tiny_width: Annotated[int, Meta(ge=32, multiple_of=32)] = 128
     """Tiny preset: hidden size (feed-forward 3x as wide, one attention head per 32). 192 with 6 layers
     (3.2 M parameters, a 55-minute build here): valid mass 0.51 -> 0.63 but held-out level 8 success

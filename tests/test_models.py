@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import torch
 
-from envs.base import boxed, listed_prefix
+from envs.base import boxed, listed_prefix, parse_choice
 from infra.models import (
     answer_logprobs,
     load_backend,
@@ -38,7 +38,7 @@ from schemas.config import ModelConfig
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 WORKDIR = REPO / ".work" / "test-models"
-TINY = ModelConfig(bootstrap_sft_seconds=5.0)
+TINY = ModelConfig(bootstrap_sft_seconds=5.0, bootstrap_reading_states=20)
 TOL = 1e-4
 
 
@@ -92,6 +92,8 @@ def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
     assert report["steps"] == 8 and report["final_loss"] < report["first_loss"]
     # one DAgger round: a third of the 8 steps, on the states 2 episodes of its own reached
     assert [r["steps"] for r in report["dagger"]] == [3] and report["dagger"][0]["states"] > 0
+    assert report["reading"]["states"] == TINY.bootstrap_reading_states  # measured on the finished preset
+    assert 0.0 <= report["reading"]["expert"] <= report["reading"]["listed"] <= 1.0
     assert report["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # what decided the weights
     assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))
     model, tok = load_trainable(TINY, role="policy", workdir=WORKDIR)
@@ -175,6 +177,24 @@ def test_dagger_labels_every_state_the_player_reached_with_the_expert():
     assert all(pairs[i][1] == pairs[i - 1][1] for i in after_invalid)
     assert bootstrap.visited_state_pairs(AlternatingPlayer(), ["arith"], episodes=2, levels=[0], seed=5,
                                          temperature=0.8, max_tokens=8) == []  # no expert: no states  # fmt: skip
+
+
+def test_reading_counts_listed_answers_and_the_experts_on_the_demonstrations_states():
+    states = bootstrap.reading_states(["arith", "household"], states=30, levels=[4, 99])
+    assert len(states) == 30  # arith lists no actions, level 99 is none of household's: household level 4
+    assert all(parse_choice(best, actions) is not None for _, actions, best in states)  # the expert names one
+    assert bootstrap.reading_shares(states, [best for _, _, best in states]) == {"listed": 1.0, "expert": 1.0}
+    # by hand: a listed action not the expert's; a wrong binding; the expert's by its number
+    made = [("p", ["go to hall", "open drawer 1"], boxed("open drawer 1")),
+            ("p", ["go to hall", "take egg 1 from table 1"], boxed("take egg 1 from table 1")),
+            ("p", ["go to hall", "open drawer 1"], boxed("open drawer 1"))]  # fmt: skip
+    answers = [boxed("go to hall"), boxed("take egg 1 from sofa 1"), "\\boxed{1}"]
+    assert bootstrap.reading_shares(made, answers) == {"listed": 2 / 3, "expert": 1 / 3}
+    # one generate call per measurement: first a room that is no exit everywhere, then action 0 everywhere
+    player = AlternatingPlayer()
+    assert bootstrap.reading(player, ["household"], states=10, levels=[4], max_tokens=8) == {
+        "states": 10, "listed": 0.0, "expert": 0.0}  # fmt: skip
+    assert bootstrap.reading(player, ["household"], states=10, levels=[4], max_tokens=8)["listed"] == 1.0
 
 
 def test_concurrent_processes_build_a_preset_once(tmp_path):
