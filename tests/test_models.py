@@ -92,7 +92,8 @@ def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
     assert report["steps"] == 8 and report["final_loss"] < report["first_loss"]
     # one DAgger round: a third of the 8 steps, on the states 2 episodes of its own reached
     assert [r["steps"] for r in report["dagger"]] == [3] and report["dagger"][0]["states"] > 0
-    assert report["reading"]["states"] == TINY.bootstrap_reading_states  # measured on the finished preset
+    # measured on the finished preset; not in the key, so whichever test built this key first set the count
+    assert report["reading"]["states"] > 0
     assert 0.0 <= report["reading"]["expert"] <= report["reading"]["listed"] <= 1.0
     assert report["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # what decided the weights
     assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))

@@ -27,7 +27,7 @@ except Exception as e:  # pragma: no cover - depends on the machine
 torch.set_num_threads(1)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 WORKDIR = Path(__file__).resolve().parents[1] / ".work" / "test-models"
-TINY = ModelConfig(bootstrap_sft_seconds=5.0, backend="vllm")
+TINY = ModelConfig(bootstrap_sft_seconds=5.0, bootstrap_reading_states=20, backend="vllm")
 TOL = 1e-4
 PROMPTS = ["Task: put a spoon in table 1.\nYou are in livingroom.", "Actions:\n0: take spoon 1", "Task:"]
 

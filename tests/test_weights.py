@@ -19,7 +19,7 @@ from schemas.events import WeightsPublished
 
 torch.set_num_threads(1)
 WORKDIR = Path(__file__).resolve().parents[1] / ".work" / "test-models"
-TINY = ModelConfig(bootstrap_sft_seconds=5.0)
+TINY = ModelConfig(bootstrap_sft_seconds=5.0, bootstrap_reading_states=20)
 
 
 @pytest.fixture(scope="module")
