@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from envs.base import boxed
+from envs.base import boxed, parse_choice
 from envs.seeds import training_rng
 
 log = logging.getLogger(__name__)
@@ -481,8 +481,6 @@ def reading_states(
 def reading_shares(states: list[tuple[str, list[str], str]], answers: list[str]) -> dict[str, float]:
     """The share of `answers` (one per state) that name one of the state's listed actions, and the
     share that name the expert's."""
-    from envs.base import parse_choice
-
     listed = expert = 0
     for (_, actions, best), answer in zip(states, answers, strict=True):
         choice = parse_choice(answer, actions)
