@@ -121,13 +121,12 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     built the same level (held-out level 8, 200 tasks: 0.475 sampled, 0.67 redrawn, invalid turns 0.49,
     against 0.46 / 0.72 / 0.55; level 9 0.15 / 0.24 against 0.135 / 0.225): the student's invalid
     answers are misread states, not the expert's knowledge, so omniscient stays the default."""
-    bootstrap_prompt_loss: NonNegFloat = 0.0
+    bootstrap_prompt_loss: NonNegFloat = 0.5
     """Tiny presets: weight of a language-model loss on the prompt's tokens, beside the answer's, in the
     SFT and DAgger steps. The prompt's list of actions follows from its observation, so predicting it
     is practice at the reading an answer needs (which receptacle holds which object). At 0.5 the recipe no
     longer depends on its seed: held-out level 8 0.46 / 0.48 / 0.51 sampled at seeds 0 / 1 / 2 (200 tasks
-    each), against 0.46 / 0.175 / 0.21 without; invalid turns 0.49-0.63 either way. Off by default until the
-    reward preset and `make run` are measured on it (at seed 0 it builds the same level). 0 = answer only."""
+    each), against 0.46 / 0.175 / 0.21 without; invalid turns 0.49-0.63 either way. 0 = answer only."""
     bootstrap_reading_states: NonNegInt = 400
     """Tiny policy preset: states of the demonstrations' own walks (the DAgger levels) the finished preset
     answers greedily, to record in `bootstrap.json` how often it names a listed action and the expert's
@@ -171,6 +170,10 @@ class RewardModelConfig(ModelConfig, frozen=True, kw_only=True):
     """Tiny reward preset: levels of those episodes, around the training band (`seed_difficulty`)."""
     bootstrap_policy_sft_seconds: NonNegFloat = 720.0
     """Tiny reward preset: the SFT length of the tiny policy preset that plays those episodes."""
+    bootstrap_prompt_loss: NonNegFloat = 0.0
+    """Tiny reward preset: answer only. Its answer is a verdict on a step, not a copy from a list, and
+    its process accuracy was measured that way; the policy that plays its episodes keeps the policy
+    default (0.5)."""
 
 
 class StoreConfig(Config, frozen=True, kw_only=True):
