@@ -122,17 +122,18 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     against 0.46 / 0.72 / 0.55; level 9 0.15 / 0.24 against 0.135 / 0.225): the student's invalid
     answers are misread states, not the expert's knowledge, so omniscient stays the default."""
     bootstrap_prompt_loss: NonNegFloat = 0.5
-    """Tiny presets: weight of a language-model loss on the prompt's tokens, beside the answer's, in the
-    SFT and DAgger steps. The prompt's list of actions follows from its observation, so predicting it
+    """Tiny policy preset (the reward preset's section sets 0): weight of a language-model loss on the
+    prompt's tokens, beside the answer's, in the SFT and DAgger steps. The prompt's list of actions follows from its observation, so predicting it
     is practice at the reading an answer needs (which receptacle holds which object). At 0.5 the recipe no
     longer depends on its seed: held-out level 8 0.46 / 0.48 / 0.51 sampled at seeds 0 / 1 / 2 (200 tasks
     each), against 0.46 / 0.175 / 0.21 without; invalid turns 0.49-0.63 either way. 0 = answer only."""
     bootstrap_reading_states: NonNegInt = 400
     """Tiny policy preset: states of the demonstrations' own walks (the DAgger levels) the finished preset
     answers greedily, to record in `bootstrap.json` how often it names a listed action and the expert's
-    (`reading`). The default recipe is seed-sensitive: seed 0 builds a preset that reads its list (0.81
-    listed), seeds 1 and 2 do not (0.46, 0.42; held-out level 8 0.175 and 0.21 against 0.46), and this
-    shows it at build time. Not part of the preset's key. 0 = not measured."""
+    (`reading`). Answer-only (`bootstrap_prompt_loss` 0) the recipe is seed-sensitive: seed 0 builds a
+    preset that reads its list (0.81 listed), seeds 1 and 2 do not (0.46, 0.42; held-out level 8 0.175 and
+    0.21 against 0.46), and this shows it at build time; with the prompt loss all three read (0.83 / 0.74
+    / 0.84). Not part of the preset's key. 0 = not measured."""
     tiny_width: Annotated[int, Meta(ge=32, multiple_of=32)] = 128
     """Tiny preset: hidden size (feed-forward 3x as wide, one attention head per 32). 192 with 6 layers
     (3.2 M parameters, a 55-minute build here): valid mass 0.51 -> 0.63 but held-out level 8 success

@@ -33,7 +33,7 @@ from infra.models.tokenizer import encode_prompt, encode_response, train_word_to
 from infra.models.types import Completion, tokens_within, truncate_at_stop
 from learners import bootstrap, tiny_preset
 from learners.bootstrap import GOOD, reward_pairs
-from schemas.config import ModelConfig
+from schemas.config import ModelConfig, RunConfig
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +150,14 @@ def test_sft_prompt_loss_adds_the_prompts_language_model_loss():
     assert len(prompt) == 5 and len(answer) == 3  # <bos> a b c d; x y <eos>
     assert alone == pytest.approx(on_answer, rel=1e-5)
     assert both == pytest.approx(on_answer + 0.5 * on_prompt, rel=1e-5)
+
+
+def test_the_reward_presets_rollouts_are_played_by_the_policy_preset_a_run_starts_from():
+    # the reward preset learns to judge the steps of the policy `up` starts from, prompt loss included,
+    # while its own SFT stays answer-only (a verdict is not copied from its prompt)
+    run = RunConfig()
+    assert tiny_preset.rollout_policy_config(run.reward_model) == run.policy_model
+    assert (run.policy_model.bootstrap_prompt_loss, run.reward_model.bootstrap_prompt_loss) == (0.5, 0.0)
 
 
 class AlternatingPlayer:
