@@ -493,8 +493,8 @@ def reading(
     backend: Any, domains: list[str], *, states: int, levels: Iterable[int], max_tokens: int
 ) -> dict[str, float | int]:
     """How well a policy reads its list where it was taught: greedy answers to `reading_states`. The
-    default recipe's builds that learned to copy from the list and those that did not differ here by
-    a quarter of the states, before any held-out game is played (`bootstrap.json` records it)."""
+    answer-only recipe's builds that learned to copy from the list and those that did not differ here
+    by a quarter of the states, before any held-out game is played (`bootstrap.json` records it)."""
     drawn = reading_states(domains, states=states, levels=levels)
     if not drawn:
         return {"states": 0}
