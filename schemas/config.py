@@ -125,8 +125,9 @@ class ModelConfig(Config, frozen=True, kw_only=True):
     """Tiny policy preset (the reward preset's section sets 0): weight of a language-model loss on the
     prompt's tokens, beside the answer's, in the SFT and DAgger steps. The prompt's list of actions
     follows from its observation, so predicting it is practice at the reading an answer needs (which
-    receptacle holds which object). At 0.5 the recipe no longer depends on its seed: held-out level 8 0.46 / 0.48 / 0.51 sampled at seeds 0 / 1 / 2 (200 tasks
-    each), against 0.46 / 0.175 / 0.21 without; invalid turns 0.49-0.63 either way. 0 = answer only."""
+    receptacle holds which object). At 0.5 the recipe no longer depends on its seed: held-out level 8
+    0.46 / 0.48 / 0.51 sampled at seeds 0 / 1 / 2 (200 tasks each), against 0.46 / 0.175 / 0.21
+    without; invalid turns 0.49-0.63 either way. 0 = answer only."""
     bootstrap_reading_states: NonNegInt = 400
     """Tiny policy preset: states of the demonstrations' own walks (the DAgger levels) the finished preset
     answers greedily, to record in `bootstrap.json` how often it names a listed action and the expert's
