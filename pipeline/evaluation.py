@@ -127,7 +127,8 @@ def process_accuracy(
 ) -> dict[str, Any]:
     """Agreement of the majority of m verdicts with the step labels: overall, by step index bucket
     and by valid / invalid answer; balanced accuracy (labels are mostly "bad" for a weak policy); how
-    often the majority says "good" and the unparseable rate."""
+    often the majority says "good" and the unparseable rate; `right`, one character per labelled step
+    in order ("1": the majority agreed), for `paired_comparison` of two judges on the same steps."""
     labelled = [s for s in steps if s.progress is not None]
     if not labelled:
         return {"steps": 0}
@@ -144,6 +145,27 @@ def process_accuracy(
         "valid": _share(right, [s.valid for s in labelled]),
         "invalid": _share(right, [not s.valid for s in labelled]),
         "by_step": _by_step(labelled, right),
+        "right": "".join("1" if r else "0" for r in right),
+    }
+
+
+def paired_comparison(right_a: str, right_b: str) -> dict[str, float | int]:
+    """Judge B against judge A on the same steps (their `right` strings): the steps only A got right,
+    only B got right, B's accuracy minus A's, and McNemar's exact two-sided p. Steps both got right
+    or both wrong say nothing about which is better; under "equally good" each of the others is a
+    fair coin, so p is twice the chance of a split at least as uneven as the one seen (at most 1)."""
+    if len(right_a) != len(right_b):
+        raise ValueError(f"not the same steps: {len(right_a)} against {len(right_b)}")
+    a_only = sum(a == "1" and b == "0" for a, b in zip(right_a, right_b, strict=True))
+    b_only = sum(a == "0" and b == "1" for a, b in zip(right_a, right_b, strict=True))
+    discordant = a_only + b_only
+    tail = sum(math.comb(discordant, i) for i in range(min(a_only, b_only) + 1)) / 2**discordant
+    return {
+        "steps": len(right_a),
+        "a_only": a_only,
+        "b_only": b_only,
+        "difference": (b_only - a_only) / len(right_a) if right_a else 0.0,
+        "p_value": min(1.0, 2 * tail),
     }
 
 

@@ -343,7 +343,8 @@ def test_role_with_bad_config_fails_fast_naming_the_field(tmp_path: Path, broker
 def test_eval_flags_fail_fast_naming_the_flag() -> None:
     for flags, says in ((["--modes", "fast"], "--modes"), (["--modes", "none"], "--modes none"),
                         (["--levels", "0,99"], "--levels"), (["--redraw", "1"], "--redraw"),
-                        (["--redraw", "3"], "--redraw 3")):  # fmt: skip
+                        (["--redraw", "3"], "--redraw 3"), (["--reward-model", "preset,preset"], "--reward-model"),
+                        (["--reward-model", "nowhere/at/all,preset"], "nowhere/at/all")):  # fmt: skip
         done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True,
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and says in done.stderr, (flags, done.stderr[-500:])
@@ -359,6 +360,38 @@ def test_eval_plays_the_redraw_mode_with_the_count_it_is_given(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-500:]
     result = json.loads(out.read_text())
     assert result["redraw"] == 3 and result["policy_results"]["redraw"]["0"]["tasks"] == 2
+
+
+def test_eval_compares_reward_models_on_the_same_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--reward-model A,B judges one set of held-out steps with each and pairs them step by step. The
+    same model under two names (seeded verdicts) agrees with itself on every step, which holds only if
+    both judged the same steps."""
+    from app.cli import build_config
+    from infra.models import prepare_preset
+
+    monkeypatch.setenv("FORGESTREAM_HOME", env_for_tests()["FORGESTREAM_HOME"])
+    cfg = build_config(TEST_PRESETS, {})
+    same = f"hf:{prepare_preset(cfg.reward_model, role='reward', workdir=Path(cfg.workdir))}"  # built by make test
+    out = tmp_path / "eval.json"
+    flags = ["--policy", "preset", "--reward-model", f"preset,{same}", "--levels", "0", "--tasks", "3",
+             "--modes", "none", "--max-steps", "4", "--json", str(out), "--config", str(TEST_PRESETS)]  # fmt: skip
+    done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-500:]
+    result = json.loads(out.read_text())
+    first, other = result["process_accuracy"], result["compared"][same]
+    assert result["reward_model"] == "preset" and first["steps"] > 0 and len(first["right"]) == first["steps"]
+    assert other["process_accuracy"]["right"] == first["right"]
+    assert other["paired"] == {
+        "steps": first["steps"],
+        "a_only": 0,
+        "b_only": 0,
+        "difference": 0.0,
+        "p_value": 1.0,
+    }
+    assert "McNemar's exact p = 1" in done.stdout
 
 
 def test_help_is_instant_and_lists_every_command() -> None:

@@ -16,6 +16,7 @@ from pipeline.evaluation import (
     PlayedStep,
     majority,
     outcome_as_verdict,
+    paired_comparison,
     process_accuracy,
     summarize_policy,
     wilson,
@@ -107,6 +108,30 @@ def test_process_accuracy_majority_against_labels() -> None:
     assert out["unparseable"] == approx(1 / 12)
     assert out["by_step"] == {"0": {"steps": 1, "accuracy": 1.0}, "1": {"steps": 1, "accuracy": 0.0},
                               "2-4": {"steps": 1, "accuracy": 1.0}, "10+": {"steps": 1, "accuracy": 0.0}}  # fmt: skip
+    assert out["right"] == "1010"  # per labelled step, in order
+
+
+def test_paired_comparison_is_mcnemars_exact_test() -> None:
+    # A alone right on 1 step, B alone on 9, both right on 5, both wrong on 5 (20 steps):
+    #   10 discordant steps; P(X <= 1), X ~ Bin(10, 1/2) = (1 + 10) / 1024; two-sided 22 / 1024
+    a = "1" + "0" * 9 + "1" * 5 + "0" * 5
+    b = "0" + "1" * 9 + "1" * 5 + "0" * 5
+    out = paired_comparison(a, b)
+    assert (out["steps"], out["a_only"], out["b_only"]) == (20, 1, 9)
+    assert out["difference"] == approx(8 / 20) and out["p_value"] == approx(22 / 1024)
+    # 3 against 3 of 6 discordant: 2 * (1 + 6 + 15 + 20) / 64 > 1, so 1; the same judge twice: 1
+    assert paired_comparison("111000", "000111")["p_value"] == 1.0
+    assert paired_comparison("1100", "1100") == {
+        "steps": 4,
+        "a_only": 0,
+        "b_only": 0,
+        "difference": 0.0,
+        "p_value": 1.0,
+    }
+    # 0 against 5: 2 / 32
+    assert paired_comparison("00000", "11111")["p_value"] == approx(1 / 16)
+    with pytest.raises(ValueError, match="not the same steps"):
+        paired_comparison("10", "101")
 
 
 def test_outcome_as_verdict_calls_each_step_its_episode_outcome() -> None:

@@ -62,7 +62,11 @@ def evaluate(
         str, typer.Option(help="preset, latest, vN (of --workdir's run), hf:PATH or a folder.")
     ] = "preset",
     reward_model: Annotated[
-        str | None, typer.Option(help="Also measure this reward model's process accuracy (same forms).")
+        str | None,
+        typer.Option(
+            help="Also measure this reward model's process accuracy (same forms); comma-separated, each "
+            "after the first is also compared with the first on the same steps (McNemar's exact test)."
+        ),
     ] = None,
     domain: Annotated[
         str | None,
@@ -110,6 +114,9 @@ def evaluate(
     wanted = [w.strip() for w in modes.split(",") if w.strip() and w.strip() != "none"]
     if (not wanted and modes.strip() != "none") or any(w not in MODES for w in wanted):
         fail(f"--modes: {modes!r}; expected some of {', '.join(MODES)} (comma-separated) or none")
+    reward_models = [r.strip() for r in (reward_model or "").split(",") if r.strip()]
+    if reward_model is not None and (not reward_models or len(set(reward_models)) < len(reward_models)):
+        fail(f"--reward-model: {reward_model!r}; expected one or more distinct models, comma-separated")
     if not wanted and reward_model is None:
         fail("--modes none measures nothing without --reward-model")
     if redraw is not None and "redraw" not in wanted:
@@ -119,11 +126,19 @@ def evaluate(
 
     from envs import get_environment
     from infra.models.hf_backend import HFBackend
-    from pipeline.evaluation import evaluate_policy, outcome_as_verdict, play_heldout, process_accuracy
+    from pipeline.evaluation import (
+        evaluate_policy,
+        outcome_as_verdict,
+        paired_comparison,
+        play_heldout,
+        process_accuracy,
+    )
 
     env = get_environment(cfg.scheduler.domain)
     if level_list[-1] >= env.levels:
         fail(f"--levels: {cfg.scheduler.domain} has levels 0..{env.levels - 1}")
+    # every reward model resolved (or the flag failed) before anything is loaded or played
+    folders = {name: resolve_model(name, "reward", cfg.reward_model, cfg) for name in reward_models}
     pm = cfg.policy_model
     backend = HFBackend(resolve_model(policy, "policy", pm, cfg), dtype=pm.dtype, device=pm.device)
     temps = {"sampled": pm.temperature, "greedy": 0.0, "redraw": pm.temperature}
@@ -148,15 +163,30 @@ def evaluate(
     }
     if reward_model is not None:
         rm = cfg.reward_model
-        judge = HFBackend(resolve_model(reward_model, "reward", rm, cfg), dtype=rm.dtype, device=rm.device)
         episodes = [e for level in level_list
                     for e in play_heldout(backend, cfg.scheduler.domain, level, tasks, temperature=pm.temperature,
                                           max_tokens=pm.max_new_tokens, max_steps=max_steps, seed=seed + 1)]  # fmt: skip
-        result["reward_model"] = reward_model
-        result["process_accuracy"] = process_accuracy(
-            judge, [s for e in episodes for s in e.steps], m=m or cfg.judge.m, temperature=cfg.judge.temperature,
-            max_tokens=cfg.judge.max_new_tokens, seed=seed,
-        )  # fmt: skip
+        steps = [s for e in episodes for s in e.steps]
+        measured = {
+            name: process_accuracy(
+                HFBackend(folder, dtype=rm.dtype, device=rm.device),
+                steps,
+                m=m or cfg.judge.m,
+                temperature=cfg.judge.temperature,
+                max_tokens=cfg.judge.max_new_tokens,
+                seed=seed,
+            )
+            for name, folder in folders.items()
+        }
+        first = reward_models[0]
+        result["reward_model"] = first
+        result["process_accuracy"] = measured[first]
+        base = measured[first].get("right", "")
+        result["compared"] = {
+            name: {"process_accuracy": pa, "paired": paired_comparison(base, pa.get("right", ""))}
+            for name, pa in measured.items()
+            if name != first
+        }
         result["outcome_as_verdict"] = outcome_as_verdict(episodes)
     _print(result)
     if json_out is not None:
@@ -172,24 +202,36 @@ def _print(result: dict[str, Any]) -> None:
         _print_policy(console, result)
     pa = result.get("process_accuracy")
     if pa:
+        _print_process_accuracy(console, result["reward_model"], pa)
+    for name, c in result.get("compared", {}).items():
+        _print_process_accuracy(console, name, c["process_accuracy"])
+        d = c["paired"]
         console.print(
-            f"reward model {result['reward_model']}: process accuracy {pa.get('accuracy', 0):.3f} "
-            f"(balanced {pa.get('balanced_accuracy', 0):.3f}) on "
-            f"{pa['steps']} steps (valid {pa['valid']['accuracy']:.3f}, invalid {pa['invalid']['accuracy']:.3f}; "
-            f"says good {pa['said_good']:.2f}, labels good {pa['good_label_rate']:.2f}, unparseable {pa['unparseable']:.2f})"
-            if pa.get("steps") else "no labelled steps"
-        )  # fmt: skip
-        if pa.get("steps"):
-            console.print(
-                "by step index: "
-                + ", ".join(f"{k}: {v['accuracy']:.2f} ({v['steps']})" for k, v in pa["by_step"].items())
-            )
+            f"  against {result['reward_model']} on the same {d['steps']} steps: right where it was wrong "
+            f"{d['b_only']}, wrong where it was right {d['a_only']}; difference {d['difference']:+.3f}, "
+            f"McNemar's exact p = {d['p_value']:.3g}"
+        )
     ov = result.get("outcome_as_verdict")
     if ov and ov.get("steps"):
         console.print(
             f"a judge that repeats each episode's outcome (where the consistency reward leads): process accuracy "
             f"{ov['accuracy']:.3f} (balanced {ov['balanced_accuracy']:.3f}, says good {ov['said_good']:.2f})"
         )
+
+
+def _print_process_accuracy(console: Any, name: str, pa: dict[str, Any]) -> None:
+    if not pa.get("steps"):
+        console.print(f"reward model {name}: no labelled steps")
+        return
+    console.print(
+        f"reward model {name}: process accuracy {pa['accuracy']:.3f} (balanced {pa['balanced_accuracy']:.3f}) on "
+        f"{pa['steps']} steps (valid {pa['valid']['accuracy']:.3f}, invalid {pa['invalid']['accuracy']:.3f}; "
+        f"says good {pa['said_good']:.2f}, labels good {pa['good_label_rate']:.2f}, unparseable {pa['unparseable']:.2f})"
+    )  # fmt: skip
+    console.print(
+        "by step index: "
+        + ", ".join(f"{k}: {v['accuracy']:.2f} ({v['steps']})" for k, v in pa["by_step"].items())
+    )
 
 
 def _print_policy(console: Any, result: dict[str, Any]) -> None:
