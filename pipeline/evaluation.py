@@ -71,7 +71,9 @@ def play_heldout(
 
 
 def summarize_policy(episodes: list[PlayedEpisode]) -> dict[str, float | int]:
-    """Success (with its 95 % Wilson interval), invalid-answer rate over turns, mean steps."""
+    """Success (with its 95 % Wilson interval), invalid-answer rate over turns, mean steps, and
+    `solved`, one character per task in order ("1": won), for `paired_comparison` of two policies on
+    the same held-out tasks."""
     n = len(episodes)
     wins = sum(e.outcome == 1 for e in episodes)
     turns = sum(len(e.steps) for e in episodes)
@@ -84,6 +86,7 @@ def summarize_policy(episodes: list[PlayedEpisode]) -> dict[str, float | int]:
         "ci_high": high,
         "invalid_rate": sum(e.invalid for e in episodes) / turns if turns else 0.0,
         "mean_steps": turns / n if n else 0.0,
+        "solved": "".join("1" if e.outcome == 1 else "0" for e in episodes),
     }
 
 
@@ -149,22 +152,23 @@ def process_accuracy(
     }
 
 
-def paired_comparison(right_a: str, right_b: str) -> dict[str, float | int]:
-    """Judge B against judge A on the same steps (their `right` strings): the steps only A got right,
-    only B got right, B's accuracy minus A's, and McNemar's exact two-sided p. Steps both got right
-    or both wrong say nothing about which is better; under "equally good" each of the others is a
-    fair coin, so p is twice the chance of a split at least as uneven as the one seen (at most 1)."""
-    if len(right_a) != len(right_b):
-        raise ValueError(f"not the same steps: {len(right_a)} against {len(right_b)}")
-    a_only = sum(a == "1" and b == "0" for a, b in zip(right_a, right_b, strict=True))
-    b_only = sum(a == "0" and b == "1" for a, b in zip(right_a, right_b, strict=True))
+def paired_comparison(a: str, b: str) -> dict[str, float | int]:
+    """B against A on the same items: two judges' `right` strings on the same steps, or two policies'
+    `solved` strings on the same tasks. The items only A got, only B got, B's rate minus A's, and
+    McNemar's exact two-sided p. Items both got or both missed say nothing about which is better;
+    under "equally good" each of the others is a fair coin, so p is twice the chance of a split at
+    least as uneven as the one seen (at most 1)."""
+    if len(a) != len(b):
+        raise ValueError(f"not the same items: {len(a)} against {len(b)}")
+    a_only = sum(x == "1" and y == "0" for x, y in zip(a, b, strict=True))
+    b_only = sum(x == "0" and y == "1" for x, y in zip(a, b, strict=True))
     discordant = a_only + b_only
     tail = sum(math.comb(discordant, i) for i in range(min(a_only, b_only) + 1)) / 2**discordant
     return {
-        "steps": len(right_a),
+        "items": len(a),
         "a_only": a_only,
         "b_only": b_only,
-        "difference": (b_only - a_only) / len(right_a) if right_a else 0.0,
+        "difference": (b_only - a_only) / len(a) if a else 0.0,
         "p_value": min(1.0, 2 * tail),
     }
 

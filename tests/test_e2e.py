@@ -385,7 +385,7 @@ def test_eval_compares_reward_models_on_the_same_steps(
     assert result["reward_model"] == "preset" and first["steps"] > 0 and len(first["right"]) == first["steps"]
     assert other["process_accuracy"]["right"] == first["right"]
     assert other["paired"] == {
-        "steps": first["steps"],
+        "items": first["steps"],
         "a_only": 0,
         "b_only": 0,
         "difference": 0.0,

@@ -63,6 +63,7 @@ def test_summarize_policy_hand_computed() -> None:
     assert out["tasks"] == 3 and out["successes"] == 2 and out["success"] == approx(2 / 3)
     assert (out["ci_low"], out["ci_high"]) == approx(wilson(2, 3))
     assert out["invalid_rate"] == approx(1 / 3) and out["mean_steps"] == approx(3.0)
+    assert out["solved"] == "101"  # task by task, in play order
 
 
 class ScriptedJudge:
@@ -117,12 +118,12 @@ def test_paired_comparison_is_mcnemars_exact_test() -> None:
     a = "1" + "0" * 9 + "1" * 5 + "0" * 5
     b = "0" + "1" * 9 + "1" * 5 + "0" * 5
     out = paired_comparison(a, b)
-    assert (out["steps"], out["a_only"], out["b_only"]) == (20, 1, 9)
+    assert (out["items"], out["a_only"], out["b_only"]) == (20, 1, 9)
     assert out["difference"] == approx(8 / 20) and out["p_value"] == approx(22 / 1024)
     # 3 against 3 of 6 discordant: 2 * (1 + 6 + 15 + 20) / 64 > 1, so 1; the same judge twice: 1
     assert paired_comparison("111000", "000111")["p_value"] == 1.0
     assert paired_comparison("1100", "1100") == {
-        "steps": 4,
+        "items": 4,
         "a_only": 0,
         "b_only": 0,
         "difference": 0.0,
@@ -130,7 +131,7 @@ def test_paired_comparison_is_mcnemars_exact_test() -> None:
     }
     # 0 against 5: 2 / 32
     assert paired_comparison("00000", "11111")["p_value"] == approx(1 / 16)
-    with pytest.raises(ValueError, match="not the same steps"):
+    with pytest.raises(ValueError, match="not the same items"):
         paired_comparison("10", "101")
 
 

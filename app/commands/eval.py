@@ -207,7 +207,7 @@ def _print(result: dict[str, Any]) -> None:
         _print_process_accuracy(console, name, c["process_accuracy"])
         d = c["paired"]
         console.print(
-            f"  against {result['reward_model']} on the same {d['steps']} steps: right where it was wrong "
+            f"  against {result['reward_model']} on the same {d['items']} steps: right where it was wrong "
             f"{d['b_only']}, wrong where it was right {d['a_only']}; difference {d['difference']:+.3f}, "
             f"McNemar's exact p = {d['p_value']:.3g}"
         )
