@@ -18,7 +18,11 @@ process accuracy, measured on the preset policy's held-out steps (the steps Befo
 judged on).
 Writes benchmarks/results/learning.json, learning.png and a markdown table (README).
 
-    python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 200]
+    python benchmarks/learning.py [--minutes 6] [--seeds 3] [--tasks 200] [--resume]
+
+Each row is also paired with Before task by task (the held-out tasks are fixed; `solved` strings,
+McNemar's exact test over the seeds' pairs). A stopped bench keeps its finished runs in --out;
+--resume runs only the rows and seeds it lacks.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(r for r in ROWS if r not in EXPERIMENT_ROWS),
                         help=f"comma-separated rows out of {', '.join(ROWS)}")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "learning.json")
+    parser.add_argument("--resume", action="store_true", help="keep --out's finished runs, run the rest")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -84,15 +89,19 @@ def main() -> None:
 
     base_env = child_env(FORGESTREAM_EVALUATOR__ENABLED="false")
     base = ROOT / ".work" / "bench-learning"
-    runs: list[dict] = []
-    started = time.time()
+    runs, spent = finished_runs(args, band) if args.resume else ([], 0.0)
+    done = {(r["row"], r["seed"]) for r in runs}
+    started = time.time() - spent
     for seed in range(args.seeds):
         env = base_env | {"FORGESTREAM_SEED": str(seed)}
-        before_dir = base / f"before-s{seed}"
-        before_dir.mkdir(parents=True, exist_ok=True)
-        result = evaluate(before_dir, "preset", levels, args.tasks, seed, env, reward_model="preset")
-        runs.append({"row": "Before", "seed": seed, "eval": result})
+        if ("Before", seed) not in done:
+            before_dir = base / f"before-s{seed}"
+            before_dir.mkdir(parents=True, exist_ok=True)
+            result = evaluate(before_dir, "preset", levels, args.tasks, seed, env, reward_model="preset")
+            runs.append({"row": "Before", "seed": seed, "eval": result})
         for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+            if (row, seed) in done:
+                continue
             spec = ROWS[row]
             workdir = base / f"{row.strip('+').lower()}-s{seed}"
             if workdir.exists():
@@ -121,6 +130,17 @@ def main() -> None:
     table = write(args, runs, band, started, complete=True)
     plot(table, band, args.out.with_suffix(".png"))
     print(markdown(table, band, args.minutes, args.seeds))
+
+
+def finished_runs(args: argparse.Namespace, band: int) -> tuple[list[dict], float]:
+    """The runs a stopped bench left in --out and the wall time it spent, if it measured the same thing."""
+    if not args.out.is_file():
+        return [], 0.0
+    old = json.loads(args.out.read_text())
+    for field, want in (("minutes_per_run", args.minutes), ("tasks_per_level", args.tasks), ("band", band)):
+        if old.get(field) != want:
+            raise SystemExit(f"--resume: {args.out} has {field} = {old.get(field)}, this bench {want}")
+    return old["runs"], old.get("wall_s", 0.0)
 
 
 def harder_than(band: int) -> int:
@@ -154,7 +174,7 @@ def summarize_run(result: dict, band: int, reward_eval: dict | None = None) -> d
 
 def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
     """Per row: mean and spread over seeds of held-out success per band, pooled successes / tasks,
-    process accuracy, accepted variants."""
+    the pairing with Before on the same tasks, process accuracy, accepted variants."""
     from pipeline.evaluation import wilson
 
     table: dict[str, dict] = {}
@@ -167,6 +187,8 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
             wins, n = sum(x["successes"] for x in results), sum(x["tasks"] for x in results)
             entry[name] = {"mean": statistics.fmean(rates), "sd": statistics.pstdev(rates), "pooled": wins / n,
                            "ci95": wilson(wins, n), "invalid": statistics.fmean(x["invalid_rate"] for x in results)}  # fmt: skip
+            if row != "Before":
+                entry[name]["vs_before"] = _paired_with_before(runs, mine, level)
         judged = [
             pa
             for r in mine
@@ -182,9 +204,27 @@ def aggregate(runs: list[dict], band: int) -> dict[str, dict]:
     return table
 
 
+def _paired_with_before(runs: list[dict], mine: list[dict], level: int) -> dict | None:
+    """One McNemar test over every seed's pairs (this row's run against Before at that seed, task by
+    task); None where no seed has both `solved` strings (results from before they were recorded)."""
+    from pipeline.evaluation import paired_comparison
+
+    before = {r["seed"]: r for r in runs if r["row"] == "Before"}
+    a = b = ""
+    for run in mine:
+        if run["seed"] not in before:
+            continue
+        mine_solved = run["eval"]["policy_results"]["sampled"][str(level)].get("solved")
+        their_solved = before[run["seed"]]["eval"]["policy_results"]["sampled"][str(level)].get("solved")
+        if mine_solved is not None and their_solved is not None:
+            a, b = a + their_solved, b + mine_solved
+    return paired_comparison(a, b) if a else None
+
+
 def markdown(table: dict[str, dict], band: int, minutes: float, seeds: int) -> str:
     lines = [f"| row | held-out success, level {band} (trained) | level {harder_than(band)} (harder) | invalid | "
-             "process accuracy (balanced) | variants accepted |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "paired with Before: Δ (p) | process accuracy (balanced) | variants accepted |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for row, e in table.items():
         pa = (
             "—"
@@ -193,8 +233,13 @@ def markdown(table: dict[str, dict], band: int, minutes: float, seeds: int) -> s
         )
         va = "—" if e["variants_accepted"] is None else f"{e['variants_accepted']:.1f}"
         b, h = e["band"], e["harder"]
+        paired = (
+            "—"
+            if not (d := b.get("vs_before"))
+            else f"{d['difference']:+.3f} ({d['p_value']:.2g}, {d['items']} pairs)"
+        )
         lines.append(f"| {row} | {b['mean']:.2f} ± {b['sd']:.2f} [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}] | "
-                     f"{h['mean']:.2f} ± {h['sd']:.2f} | {b['invalid']:.2f} | {pa} | {va} |")  # fmt: skip
+                     f"{h['mean']:.2f} ± {h['sd']:.2f} | {b['invalid']:.2f} | {paired} | {pa} | {va} |")  # fmt: skip
     lines.append(
         f"\n{minutes:g} min per run, {seeds} seeds; mean ± sd over seeds, [95 % Wilson interval of the pooled tasks]."
     )
