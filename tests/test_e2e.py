@@ -344,7 +344,9 @@ def test_eval_flags_fail_fast_naming_the_flag() -> None:
     for flags, says in ((["--modes", "fast"], "--modes"), (["--modes", "none"], "--modes none"),
                         (["--levels", "0,99"], "--levels"), (["--redraw", "1"], "--redraw"),
                         (["--redraw", "3"], "--redraw 3"), (["--reward-model", "preset,preset"], "--reward-model"),
-                        (["--reward-model", "nowhere/at/all,preset"], "nowhere/at/all")):  # fmt: skip
+                        (["--reward-model", "nowhere/at/all,preset"], "nowhere/at/all"),
+                        (["--policy", "preset, preset"], "--policy"), (["--policy", "nowhere/at/all,preset"], "nowhere/at/all"),
+                        (["--policy", "a,b", "--modes", "none", "--reward-model", "preset"], "--modes none plays none")):  # fmt: skip
         done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True,
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and says in done.stderr, (flags, done.stderr[-500:])
@@ -392,6 +394,32 @@ def test_eval_compares_reward_models_on_the_same_steps(
         "p_value": 1.0,
     }
     assert "McNemar's exact p = 1" in done.stdout
+
+
+def test_eval_pairs_policies_on_the_same_tasks(tmp_path: Path) -> None:
+    """--policy A,B plays the same held-out tasks with each and pairs them task by task. The same
+    model under two names (seeded draws) wins and loses the very same tasks, which holds only if both
+    played the same games."""
+    from app.cli import build_config
+    from infra.models import prepare_preset
+
+    cfg = build_config(TEST_PRESETS, {})
+    same = f"hf:{prepare_preset(cfg.policy_model, role='policy', workdir=Path(cfg.workdir))}"  # built by make test
+    out = tmp_path / "eval.json"
+    flags = ["--policy", f"preset,{same}", "--levels", "0", "--tasks", "4", "--modes", "sampled", "--max-steps", "4",
+             "--json", str(out), "--config", str(TEST_PRESETS)]  # fmt: skip
+    done = subprocess.run([*CLI, "eval", *flags], cwd=ROOT, env=env_for_tests(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-500:]
+    result = json.loads(out.read_text())
+    first = result["policy_results"]["sampled"]["0"]
+    other = result["policy_compared"][same]
+    assert result["policy"] == "preset" and len(first["solved"]) == 4
+    assert other["policy_results"]["sampled"]["0"]["solved"] == first["solved"]
+    assert other["paired"] == {
+        "sampled": {"0": {"items": 4, "a_only": 0, "b_only": 0, "difference": 0.0, "p_value": 1.0}}
+    }
+    assert "on the same 4 tasks" in done.stdout and "McNemar's exact p = 1" in done.stdout
 
 
 def test_help_is_instant_and_lists_every_command() -> None:

@@ -1,4 +1,5 @@
-"""`forgestream eval`: a policy (and optionally a reward model) on held-out tasks."""
+"""`forgestream eval`: a policy or several, paired task by task (and optionally reward models) on held-out
+tasks."""
 
 from __future__ import annotations
 
@@ -59,7 +60,11 @@ def resolve_model(spec: str, role: str, model_cfg: Any, run: Any) -> Path:
 @app.command("eval")
 def evaluate(
     policy: Annotated[
-        str, typer.Option(help="preset, latest, vN (of --workdir's run), hf:PATH or a folder.")
+        str,
+        typer.Option(
+            help="preset, latest, vN (of --workdir's run), hf:PATH or a folder; comma-separated, each after "
+            "the first also plays the same tasks and is paired with the first task by task (McNemar's exact test)."
+        ),
     ] = "preset",
     reward_model: Annotated[
         str | None,
@@ -114,9 +119,10 @@ def evaluate(
     wanted = [w.strip() for w in modes.split(",") if w.strip() and w.strip() != "none"]
     if (not wanted and modes.strip() != "none") or any(w not in MODES for w in wanted):
         fail(f"--modes: {modes!r}; expected some of {', '.join(MODES)} (comma-separated) or none")
-    reward_models = [r.strip() for r in (reward_model or "").split(",") if r.strip()]
-    if reward_model is not None and (not reward_models or len(set(reward_models)) < len(reward_models)):
-        fail(f"--reward-model: {reward_model!r}; expected one or more distinct models, comma-separated")
+    policies = _distinct_models("--policy", policy)
+    reward_models = _distinct_models("--reward-model", reward_model) if reward_model is not None else []
+    if len(policies) > 1 and not wanted:
+        fail(f"--policy {policy!r} compares policies, and --modes none plays none")
     if not wanted and reward_model is None:
         fail("--modes none measures nothing without --reward-model")
     if redraw is not None and "redraw" not in wanted:
@@ -140,26 +146,25 @@ def evaluate(
     # every reward model resolved (or the flag failed) before anything is loaded or played
     folders = {name: resolve_model(name, "reward", cfg.reward_model, cfg) for name in reward_models}
     pm = cfg.policy_model
-    backend = HFBackend(resolve_model(policy, "policy", pm, cfg), dtype=pm.dtype, device=pm.device)
+    policy_folders = {name: resolve_model(name, "policy", pm, cfg) for name in policies}
     temps = {"sampled": pm.temperature, "greedy": 0.0, "redraw": pm.temperature}
+
+    def play(backend: HFBackend) -> dict[str, dict[str, dict[str, Any]]]:
+        # the held-out tasks of a level are fixed and the draws seeded: every policy plays the same games
+        return evaluate_policy(backend, cfg.scheduler.domain, level_list, tasks,
+                               temperatures={w: temps[w] for w in wanted}, max_tokens=pm.max_new_tokens,
+                               max_steps=max_steps, seed=seed, redraws={"redraw": redraw})  # fmt: skip
+
+    first_policy = policies[0]
+    backend = HFBackend(policy_folders[first_policy], dtype=pm.dtype, device=pm.device)
     result: dict[str, Any] = {
         "domain": cfg.scheduler.domain,
-        "policy": policy,
+        "policy": first_policy,
         "tasks_per_level": tasks,
         "max_steps": max_steps,
         "seed": seed,
         **({"redraw": redraw} if "redraw" in wanted else {}),
-        "policy_results": evaluate_policy(
-            backend,
-            cfg.scheduler.domain,
-            level_list,
-            tasks,
-            temperatures={w: temps[w] for w in wanted},
-            max_tokens=pm.max_new_tokens,
-            max_steps=max_steps,
-            seed=seed,
-            redraws={"redraw": redraw},
-        ),  # fmt: skip
+        "policy_results": play(backend),
     }
     if reward_model is not None:
         rm = cfg.reward_model
@@ -188,10 +193,27 @@ def evaluate(
             if name != first
         }
         result["outcome_as_verdict"] = outcome_as_verdict(episodes)
+    del backend  # one policy in memory at a time
+    base_results = result["policy_results"]
+    if len(policies) > 1:
+        result["policy_compared"] = {}
+    for name in policies[1:]:
+        theirs = play(HFBackend(policy_folders[name], dtype=pm.dtype, device=pm.device))
+        paired = {mode: {level: paired_comparison(r["solved"], theirs[mode][level]["solved"])
+                         for level, r in by_level.items()}
+                  for mode, by_level in base_results.items()}  # fmt: skip
+        result["policy_compared"][name] = {"policy_results": theirs, "paired": paired}
     _print(result)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=1))
+
+
+def _distinct_models(flag: str, text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or len(set(names)) < len(names):
+        fail(f"{flag}: {text!r}; expected one or more distinct models, comma-separated")
+    return names
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -199,7 +221,16 @@ def _print(result: dict[str, Any]) -> None:
 
     console = Console()
     if result["policy_results"]:
-        _print_policy(console, result)
+        _print_policy(console, result, result["policy"], result["policy_results"])
+    for name, c in result.get("policy_compared", {}).items():
+        _print_policy(console, result, name, c["policy_results"])
+        for mode, by_level in c["paired"].items():
+            for level, d in by_level.items():
+                console.print(
+                    f"  {mode}, level {level}, against {result['policy']} on the same {d['items']} tasks: won where "
+                    f"it lost {d['b_only']}, lost where it won {d['a_only']}; difference {d['difference']:+.3f}, "
+                    f"McNemar's exact p = {d['p_value']:.3g}"
+                )  # fmt: skip
     pa = result.get("process_accuracy")
     if pa:
         _print_process_accuracy(console, result["reward_model"], pa)
@@ -234,15 +265,15 @@ def _print_process_accuracy(console: Any, name: str, pa: dict[str, Any]) -> None
     )
 
 
-def _print_policy(console: Any, result: dict[str, Any]) -> None:
+def _print_policy(console: Any, result: dict[str, Any], name: str, by_mode: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"held-out {result['domain']} — policy {result['policy']}, {result['tasks_per_level']} tasks/level"
+        title=f"held-out {result['domain']} — policy {name}, {result['tasks_per_level']} tasks/level"
     )
     for col in ("mode", "level", "success", "95% CI", "invalid", "steps"):
         table.add_column(col, justify="right")
-    for mode, by_level in result["policy_results"].items():
+    for mode, by_level in by_mode.items():
         for level, r in by_level.items():
             table.add_row(mode, level, f"{r['success']:.2f}", f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
                           f"{r['invalid_rate']:.2f}", f"{r['mean_steps']:.1f}")  # fmt: skip
