@@ -35,7 +35,7 @@ $(NPM_PREFIX)/node_modules/.bin/s3rver:
 	mkdir -p $(NPM_PREFIX)
 	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund s3rver
 
-# The default policy / reward presets (bootstrap SFT and DAgger, 72-76 min once here, then cached in
+# The default policy / reward presets (bootstrap SFT and DAgger, 21-76 min once here, then cached in
 # FORGESTREAM_HOME; an interrupted build resumes from its last finished stage).
 presets: setup
 	$(VENV)/bin/forgestream prepare
