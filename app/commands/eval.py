@@ -219,7 +219,7 @@ def _distinct_models(flag: str, text: str) -> list[str]:
 def _print(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    console = Console()
+    console = Console(soft_wrap=True)  # a pipe or a log gets 80 columns: each result stays one line
     if result["policy_results"]:
         _print_policy(console, result, result["policy"], result["policy_results"])
     for name, c in result.get("policy_compared", {}).items():
