@@ -396,13 +396,14 @@ def test_eval_compares_reward_models_on_the_same_steps(
     assert "McNemar's exact p = 1" in done.stdout
 
 
-def test_eval_pairs_policies_on_the_same_tasks(tmp_path: Path) -> None:
+def test_eval_pairs_policies_on_the_same_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--policy A,B plays the same held-out tasks with each and pairs them task by task. The same
     model under two names (seeded draws) wins and loses the very same tasks, which holds only if both
     played the same games."""
     from app.cli import build_config
     from infra.models import prepare_preset
 
+    monkeypatch.setenv("FORGESTREAM_HOME", env_for_tests()["FORGESTREAM_HOME"])
     cfg = build_config(TEST_PRESETS, {})
     same = f"hf:{prepare_preset(cfg.policy_model, role='policy', workdir=Path(cfg.workdir))}"  # built by make test
     out = tmp_path / "eval.json"

@@ -227,10 +227,9 @@ def _print(result: dict[str, Any]) -> None:
         for mode, by_level in c["paired"].items():
             for level, d in by_level.items():
                 console.print(
-                    f"  {mode}, level {level}, against {result['policy']} on the same {d['items']} tasks: won where "
-                    f"it lost {d['b_only']}, lost where it won {d['a_only']}; difference {d['difference']:+.3f}, "
-                    f"McNemar's exact p = {d['p_value']:.3g}"
-                )  # fmt: skip
+                    f"  {mode}, level {level}, "
+                    + _paired_line(d, result["policy"], "tasks", "won where it lost", "lost where it won")
+                )
     pa = result.get("process_accuracy")
     if pa:
         _print_process_accuracy(console, result["reward_model"], pa)
@@ -238,9 +237,10 @@ def _print(result: dict[str, Any]) -> None:
         _print_process_accuracy(console, name, c["process_accuracy"])
         d = c["paired"]
         console.print(
-            f"  against {result['reward_model']} on the same {d['items']} steps: right where it was wrong "
-            f"{d['b_only']}, wrong where it was right {d['a_only']}; difference {d['difference']:+.3f}, "
-            f"McNemar's exact p = {d['p_value']:.3g}"
+            "  "
+            + _paired_line(
+                d, result["reward_model"], "steps", "right where it was wrong", "wrong where it was right"
+            )
         )
     ov = result.get("outcome_as_verdict")
     if ov and ov.get("steps"):
@@ -248,6 +248,14 @@ def _print(result: dict[str, Any]) -> None:
             f"a judge that repeats each episode's outcome (where the consistency reward leads): process accuracy "
             f"{ov['accuracy']:.3f} (balanced {ov['balanced_accuracy']:.3f}, says good {ov['said_good']:.2f})"
         )
+
+
+def _paired_line(d: dict[str, Any], first: str, items: str, gained: str, lost: str) -> str:
+    """One `paired_comparison` in words, for judges (steps) and policies (tasks)."""
+    return (
+        f"against {first} on the same {d['items']} {items}: {gained} {d['b_only']}, {lost} {d['a_only']}; "
+        f"difference {d['difference']:+.3f}, McNemar's exact p = {d['p_value']:.3g}"
+    )
 
 
 def _print_process_accuracy(console: Any, name: str, pa: dict[str, Any]) -> None:
