@@ -38,7 +38,8 @@ from algorithm import cure_test_raw
 from envs import judge_prompt, parse_verdict, shared_environment
 from envs.base import Environment
 from envs.play import label_verdict, step_with_label
-from infra.bus import Bus, Record
+from envs.sandbox import SandboxUnavailable
+from infra.bus import Bus, FatalError, Record
 from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig, VerdictSource
@@ -194,7 +195,10 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             trajectory: Trajectory = record.value
             if serving is not None and cfg.follow_weights:
                 await serving.refresh()
-            judged = await anyio.to_thread.run_sync(functools.partial(judge, trajectory))
+            try:
+                judged = await anyio.to_thread.run_sync(functools.partial(judge, trajectory))
+            except SandboxUnavailable as e:  # this machine's fault, not the record's: stop, loudly
+                raise FatalError(f"the sandbox for model-written code cannot start: {e}") from e
             await bus.send(topics.JUDGED, judged, key=trajectory.request_id)
             await bus.metric("judge/judged", 1.0, step=judged.reward_version, judge=judge_id)
 

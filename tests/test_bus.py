@@ -169,12 +169,18 @@ async def test_fatal_errors_stop_the_consumer_without_committing(kafka_config: K
 
 
 async def test_transient_faults_are_retried_not_dead_lettered(kafka_config: KafkaConfig) -> None:
-    """An OSError (a store read, a sandbox spawn) or MemoryError is the moment's fault, not the
-    record's: retried with backoff until it clears, the next record after it; a ValueError is the
-    record's own and goes to the DLQ."""
+    """An OSError (a store read, a sandbox spawn), a MemoryError or torch's out-of-memory (a
+    RuntimeError) is the moment's fault, not the record's: retried with backoff until it clears, the
+    next record after it; a ValueError is the record's own and goes to the DLQ."""
+    import torch
+
     async with Bus(kafka_config, role="test") as bus:
         await bus.send_many(T.METRICS, [("one-key", metric(i)) for i in range(3)])
-        faults = {0: [OSError("weight store unreachable"), MemoryError()], 1: [ValueError("bad in itself")]}
+        oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        faults = {
+            0: [OSError("weight store unreachable"), MemoryError(), oom],
+            1: [ValueError("bad in itself")],
+        }
         calls: list[int] = []
         done = anyio.Event()
 
@@ -188,8 +194,8 @@ async def test_transient_faults_are_retried_not_dead_lettered(kafka_config: Kafk
 
         with anyio.fail_after(30):
             await bus.consume([T.METRICS], group="g-transient", handler=handler, shutdown=done)
-        assert calls == [0, 0, 0, 1, 2]
-        assert bus.stats["retries"] == 2 and bus.stats["dead_letters"] == 1 and bus.stats["handled"] == 2
+        assert calls == [0, 0, 0, 0, 1, 2]
+        assert bus.stats["retries"] == 3 and bus.stats["dead_letters"] == 1 and bus.stats["handled"] == 2
         letters = [r.value for r in await bus.read_topic(T.DLQ)]
         assert [d.error for d in letters if d.group == "g-transient"] == [
             "handler: ValueError: bad in itself"

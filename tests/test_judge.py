@@ -15,7 +15,7 @@ import pytest
 from consumers import judge
 from consumers.judge import judge_steps, step_contexts
 from envs import get_environment
-from infra.bus import Bus
+from infra.bus import Bus, FatalError
 from infra.models.types import Completion
 from schemas import topics
 from schemas.config import JudgeConfig, ModelConfig, RunConfig
@@ -236,3 +236,38 @@ async def test_the_oracle_judge_loads_no_model_and_labels_every_step(
         shutdown.set()
     assert judged.reward_version == 0 and judged.judge_id.startswith("oracle-")
     assert [s.verdicts for s in judged.steps] == [[1, 1, 1]] * len(trajectory.steps)
+
+
+@pytest.mark.timeout(60)
+async def test_a_sandbox_that_cannot_start_stops_the_judge_and_dead_letters_nothing(
+    kafka_config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judging a code step runs the policy's program; where the sandbox cannot start, that is the
+    machine's fault, not the trajectory's: the judge stops (the role restarts, the record stays
+    uncommitted) instead of dead-lettering every code trajectory."""
+    code = get_environment("code")
+    task = code.sample_task(0, random.Random(3))
+    step = Step(index=0, prompt="p", response=code.oracle(task)[0], prompt_token_ids=[1], response_token_ids=[3],
+                behaviour_logprobs=[-0.5], policy_version=0, observation="")  # fmt: skip
+    trajectory = Trajectory(
+        request_id="req-sbx", rollout_index=0, group_size=1, task=task, steps=[step], outcome=1
+    )
+    config = RunConfig(workdir=str(tmp_path), kafka=kafka_config, judge=JudgeConfig(verdicts="oracle"))
+    monkeypatch.setenv("FORGESTREAM_SANDBOX", "off")  # not a mode: no sandbox can start
+    async with Bus(kafka_config, role="test") as bus:
+        await bus.send(topics.TRAJECTORIES, trajectory, key=trajectory.request_id)
+        with (
+            pytest.RaisesGroup(
+                pytest.RaisesExc(FatalError, match="sandbox"), flatten_subgroups=True, allow_unwrapped=True
+            ),
+            anyio.fail_after(45),
+        ):
+            await judge.run(config)
+        assert [r for r in await bus.read_topic(topics.DLQ)] == []
+        monkeypatch.delenv("FORGESTREAM_SANDBOX")  # the machine fixed: the same record is judged
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(judge.run, config, shutdown=shutdown))
+            (judged,) = await wait_records(bus, topics.JUDGED, lambda v: len(v) == 1)
+            shutdown.set()
+    assert judged.key == "req-sbx/0" and judged.steps[0].verdicts == [1, 1, 1]

@@ -17,7 +17,7 @@ Invariants:
   Exceptions that mean "the process is unhealthy" propagate instead: `FatalError`, any
   `aiokafka.errors.KafkaError` (broker gone: restart and redeliver) and cancellation;
 - a transient fault is not the record's fault: a handler raising `TRANSIENT` (`TransientError`, an
-  OSError such as a failed read or spawn, MemoryError) is retried with backoff, its offset
+  OSError such as a failed read or spawn, MemoryError) or torch's OutOfMemoryError is retried with backoff, its offset
   uncommitted; if it has not cleared after `KafkaConfig.transient_retry_s` the consumer journals a
   strike on forge.strikes and stops with a FatalError (the role restarts and the record is
   redelivered); at `KafkaConfig.transient_strikes` strikes it is dead-lettered instead;
@@ -34,7 +34,15 @@ Invariants:
 from infra.bus.batch import BatchConsumer
 from infra.bus.client import client_options, consumer_options, install_signal_handlers, stop_consumer
 from infra.bus.offsets import true_end_offsets
-from infra.bus.records import TRANSIENT, FatalError, RecentKeys, Record, TransientError, redriven_elsewhere
+from infra.bus.records import (
+    TRANSIENT,
+    FatalError,
+    RecentKeys,
+    Record,
+    TransientError,
+    is_transient,
+    redriven_elsewhere,
+)
 from infra.bus.runtime import Bus
 
 __all__ = [
@@ -48,6 +56,7 @@ __all__ = [
     "client_options",
     "consumer_options",
     "install_signal_handlers",
+    "is_transient",
     "redriven_elsewhere",
     "stop_consumer",
     "true_end_offsets",

@@ -26,6 +26,12 @@ class TransientError(Exception):
 TRANSIENT: tuple[type[BaseException], ...] = (TransientError, OSError, MemoryError)
 
 
+def is_transient(fault: BaseException) -> bool:
+    """A fault of the moment: `TRANSIENT`, or an accelerator's or allocator's out-of-memory
+    (`torch.OutOfMemoryError` is a RuntimeError; matched by class name so the bus need not import torch)."""
+    return isinstance(fault, TRANSIENT) or any(c.__name__ == "OutOfMemoryError" for c in type(fault).__mro__)
+
+
 def redriven_elsewhere(
     headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None, group: str | None
 ) -> bool:

@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from infra.bus.client import client_options, consumer_options, fetch_or_shutdown, stop_consumer
 from infra.bus.offsets import PendingOffsets
 from infra.bus.readers import TopicReaders
-from infra.bus.records import TRANSIENT, E, FatalError, RecentKeys, Record, redriven_elsewhere
+from infra.bus.records import E, FatalError, RecentKeys, Record, is_transient, redriven_elsewhere
 from schemas import codec
 from schemas.config import KafkaConfig
 from schemas.events import DeadLetter, Metric, Redriven, Strike, finite
@@ -313,7 +313,10 @@ class Bus(TopicReaders):
                 break
             except (FatalError, KafkaError):
                 raise
-            except TRANSIENT as e:
+            except Exception as e:
+                if not is_transient(e):
+                    await self.dead_letter(raw, f"handler: {type(e).__name__}: {e}", group=group)
+                    return True
                 where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
                 if time.monotonic() + delay > deadline:
                     return await self._strike(raw, group, e)
@@ -324,9 +327,6 @@ class Bus(TopicReaders):
                 if shutdown is not None and shutdown.is_set():
                     return False
                 delay = min(delay * 2, _RETRY_MAX_S)
-            except Exception as e:
-                await self.dead_letter(raw, f"handler: {type(e).__name__}: {e}", group=group)
-                return True
         if key is not None:
             seen.add(key)
         self.stats["handled"] += 1
