@@ -43,7 +43,7 @@ from infra.bus import Bus, FatalError, Record
 from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig, VerdictSource
-from schemas.events import JudgedTrajectory, Judgement, StepJudgement, Trajectory
+from schemas.events import JudgedTrajectory, Judgement, StepJudgement, Trajectory, wire_logprobs
 
 log = logging.getLogger("forgestream.judge")
 
@@ -80,7 +80,7 @@ def judgement(completion: Any, verdict: int, score: float | None = None) -> Judg
         verdict=verdict,  # type: ignore[arg-type]
         prompt_token_ids=list(completion.prompt_token_ids),
         response_token_ids=list(completion.token_ids),
-        behaviour_logprobs=[min(0.0, max(-1e30, v)) for v in completion.logprobs],
+        behaviour_logprobs=wire_logprobs(completion.logprobs),
         text=completion.text,
         score=score,
     )

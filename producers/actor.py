@@ -35,7 +35,7 @@ from infra.models.types import tokens_within
 from pipeline.serving import load_serving_model
 from schemas import topics
 from schemas.config import RunConfig
-from schemas.events import RejectedAnswer, RolloutRequest, Step, Trajectory
+from schemas.events import RejectedAnswer, RolloutRequest, Step, Trajectory, wire_logprobs
 
 log = logging.getLogger("forgestream.actor")
 
@@ -113,11 +113,6 @@ class LiveEpisode:
     steps: list[Step] = field(default_factory=list)
 
 
-def clamp_logprobs(values: list[float]) -> list[float]:
-    """Logprobs on the wire are finite and <= 0 (float rounding can give +1e-8)."""
-    return [min(0.0, max(-1e30, v)) for v in values]
-
-
 def spelled_tokens(tokenizer: Any, completion: Any, chars: int) -> int:
     """How many of an answer's tokens lie within its first `chars` characters (its listed prefix)."""
     return tokens_within(tokenizer, list(completion.token_ids), chars) if chars else 0
@@ -127,7 +122,7 @@ def rejected_answer(tokenizer: Any, completion: Any, actions: list[str]) -> Reje
     """An invalid draw that was not played, with the tokens that still spelled a listed action."""
     return RejectedAnswer(
         response_token_ids=list(completion.token_ids),
-        behaviour_logprobs=clamp_logprobs(list(completion.logprobs)),
+        behaviour_logprobs=wire_logprobs(completion.logprobs),
         listed_prefix_tokens=spelled_tokens(tokenizer, completion, listed_prefix(completion.text, actions)),
     )
 
@@ -167,7 +162,7 @@ def play_turn(
                 response=completion.text,
                 prompt_token_ids=list(completion.prompt_token_ids),
                 response_token_ids=list(completion.token_ids),
-                behaviour_logprobs=clamp_logprobs(list(completion.logprobs)),
+                behaviour_logprobs=wire_logprobs(completion.logprobs),
                 policy_version=completion.version,  # the weights that sampled these tokens
                 observation=result.observation,
                 valid_action=result.valid_action,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -327,6 +328,11 @@ class Redriven(Event, frozen=True, kw_only=True):
     to_offset: Index
     group: str = ""
     created_at: Timestamp = msgspec.field(default_factory=now)
+
+
+def wire_logprobs(values: Iterable[float]) -> list[float]:
+    """Behaviour logprobs as `Logprob` takes them: float rounding can give +1e-8, a masked token -inf."""
+    return [min(0.0, max(-1e30, v)) for v in values]
 
 
 def finite(x: float) -> float:

@@ -243,6 +243,17 @@ def test_malformed_is_rejected_naming_the_field(
     assert names in str(err.value)
 
 
+def test_wire_logprobs_are_what_the_schema_takes() -> None:
+    """Backends can stamp +1e-8 (float rounding) or -inf (a masked token); the wire takes [-1e30, 0]."""
+    clamped = ev.wire_logprobs([1e-8, -math.inf, -0.5, 0.0])
+    assert clamped == [0.0, -1e30, -0.5, 0.0]
+    step = msgspec.structs.replace(judgement(), response_token_ids=[1, 2, 3, 4], behaviour_logprobs=clamped)
+    assert codec.decode(codec.encode(step), ev.Judgement).behaviour_logprobs == clamped
+    raw = msgspec.structs.replace(step, behaviour_logprobs=[1e-8, -0.5, -0.5, -0.5])
+    with pytest.raises(codec.DecodeError, match="behaviour_logprobs"):
+        codec.decode(codec.encode(raw), ev.Judgement)
+
+
 def test_garbage_bytes_are_decode_errors() -> None:
     for data in (b"", b"\xc1", b"not msgpack at all", codec.encode(S[ev.Metric])[:-3]):
         with pytest.raises(codec.DecodeError):
