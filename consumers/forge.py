@@ -37,12 +37,12 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 
 import algorithm
-from infra.bus import Bus, redriven_elsewhere
+from infra.bus import Bus, FatalError, client_options, redriven_elsewhere
 from pipeline.taskpool import TaskPool
 from schemas import codec
 from schemas.config import ForgeConfig, KafkaConfig, RunConfig
-from schemas.events import CriticFeedback, DeadLetter, JudgedTrajectory, TaskEvent, TaskSpec
-from schemas.topics import DLQ, JUDGED, TASK_EVENTS, TASKS
+from schemas.events import CriticFeedback, JudgedTrajectory, TaskEvent, TaskSpec
+from schemas.topics import JUDGED, TASK_EVENTS, TASKS
 
 log = logging.getLogger("forgestream.forge")
 TABLE = "windows"
@@ -129,20 +129,17 @@ def _brokers(kafka: KafkaConfig) -> list[str]:
 
 
 def _credentials(kafka: KafkaConfig) -> Any:
+    """faust's credentials from the bus's own connection options (one reading of the security settings)."""
     if kafka.security_protocol == "PLAINTEXT":
         return None
-    ssl_context = None
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        ssl_context = create_ssl_context(cafile=kafka.ssl_cafile)
+    opts = client_options(kafka)
     if kafka.security_protocol == "SSL":
-        return faust.SSLCredentials(ssl_context)
+        return faust.SSLCredentials(opts["ssl_context"])
     return faust.SASLCredentials(
-        username=kafka.sasl_username,
-        password=kafka.sasl_password,
-        mechanism=kafka.sasl_mechanism or "PLAIN",
-        ssl_context=ssl_context,
+        username=opts["sasl_plain_username"],
+        password=opts["sasl_plain_password"],
+        mechanism=opts["sasl_mechanism"],
+        ssl_context=opts.get("ssl_context"),
     )
 
 
@@ -214,22 +211,14 @@ class Forge:
         and offset: an undecodable record goes to the DLQ with them here, and on under the key "", as
         does a record redriven for another group (the forge had counted the original)."""
         event = current_event()
-        if event is not None and redriven_elsewhere(event.message.headers, self.app.conf.id):
+        if event is None:  # faust calls a group_by key inside its stream, where an event is current
+            raise FatalError("the forge's repartition key ran outside a stream event")
+        if redriven_elsewhere(event.message.headers, self.app.conf.id):
             return ""
         try:
             return codec.decode(raw, JudgedTrajectory).trajectory.task.task_id
         except (*codec.DecodeError, TypeError) as e:  # TypeError: a null value
-            message = event.message if event is not None else None
-            letter = DeadLetter(
-                source_topic=message.topic if message is not None else self.bus.names.of(JUDGED),
-                partition=message.partition if message is not None else 0,
-                offset=message.offset if message is not None else 0,
-                key=message.key if message is not None else None,
-                value=raw,
-                error=f"decode: {e}",
-                group=self.app.conf.id,
-            )
-            await self.bus.send(DLQ, letter, key=letter.source_topic)
+            await self.bus.dead_letter(event.message, f"decode: {e}", group=self.app.conf.id)
             return ""
 
     async def _agent(self, stream: Any) -> None:

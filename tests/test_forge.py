@@ -174,3 +174,23 @@ async def test_forge_app_events_acceptance_and_restart(kafka_config: Any) -> Non
         easier = next(e for e in events if e.kind == "easier")
         assert (easier.accuracy, easier.rollouts, len(easier.critic.high_risk_steps)) == (0.125, 8, 7)
         assert kinds(events).count(("p", "harder")) == 1
+
+
+def test_the_forges_faust_app_connects_as_the_bus_does() -> None:
+    """faust takes credentials objects, not aiokafka's options: they carry the bus's own settings."""
+    from schemas.config import KafkaConfig
+
+    sasl = forge._credentials(
+        KafkaConfig(
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="forge",
+            sasl_password="secret",
+        )
+    )
+    assert (sasl.username, sasl.password, sasl.mechanism.value) == ("forge", "secret", "SCRAM-SHA-512")
+    assert sasl.ssl_context is not None
+    plain_sasl = forge._credentials(KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_username="u"))
+    assert plain_sasl.mechanism.value == "PLAIN" and plain_sasl.ssl_context is None
+    assert forge._credentials(KafkaConfig(security_protocol="SSL")).context is not None
+    assert forge._credentials(KafkaConfig()) is None
