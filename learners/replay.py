@@ -30,7 +30,7 @@ from pipeline.groups import complete_groups
 from pipeline.samples import build_samples
 from schemas import topics
 from schemas.config import RunConfig
-from schemas.events import JudgedTrajectory, RewardSample
+from schemas.events import JudgedTrajectory, RewardSampleBatch
 
 log = logging.getLogger("forgestream.replay")
 
@@ -43,6 +43,7 @@ class ReplayResult:
     groups_incomplete: int = 0
     groups_rejected_variant: int = 0
     reward_samples: int = 0
+    samples_invalid: int = 0  # dropped by the learner's filter (a token id the model lacks, ...)
     optimizer_steps: int = 0
     losses: list[float] = field(default_factory=list)
     model_dir: str | None = None
@@ -69,12 +70,9 @@ def rejected_variants(task_records: list[Any]) -> set[str]:
     return {t for t in retired if t not in was_active}
 
 
-def reward_samples(groups: dict[str, list[JudgedTrajectory]], config: RunConfig) -> list[RewardSample]:
-    samples: list[RewardSample] = []
-    for request_id in sorted(groups):
-        _, reward, _ = build_samples(request_id, groups[request_id], config.signals)
-        samples.extend(reward.samples)
-    return samples
+def reward_batches(groups: dict[str, list[JudgedTrajectory]], config: RunConfig) -> list[RewardSampleBatch]:
+    """The reward-model sample batch of each whole group, as signals publishes them."""
+    return [build_samples(rid, groups[rid], config.signals)[1] for rid in sorted(groups)]
 
 
 async def _starting_folder(bus: Bus, config: RunConfig, start: str) -> tuple[Path, int]:
@@ -105,14 +103,14 @@ async def _starting_folder(bus: Bus, config: RunConfig, start: str) -> tuple[Pat
 
 
 def train_reward_model(
-    folder: Path, samples: list[RewardSample], config: RunConfig, *, epochs: int, seed: int
-) -> tuple[Any, Any, list[float]]:
-    """Train on the samples (decoupled PPO, as the live reward learner); returns (model, tokenizer, losses)."""
+    folder: Path, batches: list[RewardSampleBatch], config: RunConfig, *, epochs: int, seed: int
+) -> tuple[Any, Any, list[float], int]:
+    """Train on the batches' samples (decoupled PPO, as the live reward learner), through the live
+    learner's filter; returns (model, tokenizer, losses, samples it could not train)."""
     import torch
 
     from infra.models import load_trainable
-    from learners.checkpoint import TrainSample
-    from learners.core import Trainer, reference_weights
+    from learners.core import Trainer, reference_weights, to_train_samples
     from learners.engine import build_engine
 
     model_cfg = msgspec.structs.replace(config.reward_model, preset=f"hf:{folder}")
@@ -124,18 +122,14 @@ def train_reward_model(
     # the reference KL anchors to the weights replay starts from
     reference = reference_weights(model_cfg, cfg, role="reward", workdir=Path(config.workdir))
     trainer = Trainer(build_engine(model, cfg), cfg, model_cfg.temperature, reference)
-    train = [
-        TrainSample(
-            key=s.sample_key,
-            prompt_ids=list(s.prompt_token_ids),
-            response_ids=list(s.response_token_ids),
-            behaviour_logprobs=list(s.behaviour_logprobs),
-            version=s.reward_version,
-            advantage=s.advantage,
-        )
-        for s in samples
-        if s.response_token_ids
-    ]
+    vocab_size = int(model.get_input_embeddings().num_embeddings)
+    train, invalid = [], 0
+    for batch in batches:
+        trainable, dropped = to_train_samples(batch, "reward_version", vocab_size)
+        train += trainable
+        invalid += dropped
+    if not train:
+        raise ValueError(f"none of the {invalid} reward-model samples can be trained by this model")
     rng = random.Random(seed)
     losses: list[float] = []
     # batch by batch as the live learner (proximal once per batch, minibatches, warm-up): one step
@@ -146,7 +140,7 @@ def train_reward_model(
         for lo in range(0, len(train), cfg.batch_samples):
             steps = trainer.batch_steps(train[lo : lo + cfg.batch_samples], first_step=len(losses))
             losses += [stats.loss for _, _, stats in steps]
-    return model, tokenizer, losses
+    return model, tokenizer, losses, invalid
 
 
 async def replay(
@@ -177,7 +171,8 @@ async def replay(
         rejected = rejected_variants(await bus.read_topic(topics.TASKS, latest_per_key=False))
         groups = {rid: g for rid, g in groups.items() if g[0].trajectory.task.task_id not in rejected}
         result.groups_rejected_variant = result.groups_complete - len(groups)
-        samples = reward_samples(groups, config)
+        batches = reward_batches(groups, config)
+        samples = [s for batch in batches for s in batch.samples]
         result.reward_samples = len(samples)
         (out / "reward_samples.msgpack").write_bytes(msgspec.msgpack.encode(samples))
         log.info("replay: %d records in range, %d whole groups, %d reward samples",
@@ -186,8 +181,8 @@ async def replay(
             if not samples:
                 raise ValueError("no reward-model samples in that time range: nothing to train on")
             folder, newest = await _starting_folder(bus, config, start_from)
-            model, tokenizer, result.losses = await anyio.to_thread.run_sync(
-                lambda: train_reward_model(folder, samples, config, epochs=epochs, seed=config.seed)
+            model, tokenizer, result.losses, result.samples_invalid = await anyio.to_thread.run_sync(
+                lambda: train_reward_model(folder, batches, config, epochs=epochs, seed=config.seed)
             )
             result.optimizer_steps = len(result.losses)
             model_dir = out / "model"

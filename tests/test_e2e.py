@@ -186,7 +186,7 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
         assert done.returncode == 0, done.stderr[-2000:]
         summary = json.loads(done.stdout[done.stdout.index("{") :])
         assert summary["groups_complete"] >= 1 and summary["reward_samples"] > 0
-        assert summary["optimizer_steps"] >= 1
+        assert summary["optimizer_steps"] >= 1 and summary["samples_invalid"] == 0
         from transformers import AutoModelForCausalLM
 
         AutoModelForCausalLM.from_pretrained(summary["model_dir"])  # a plain HF folder, usable elsewhere

@@ -7,6 +7,7 @@ Models are tiny random Llamas built here (hidden 64, 2 layers); nothing is downl
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -713,3 +714,27 @@ def test_stub_trainer_keeps_the_step_plan_and_takes_its_time() -> None:
     assert [stats.keys for _, _, stats in steps] == [[batch[i].key for i in picked] for _, _, picked in plan]
     assert sorted(plan[0][2] + plan[1][2]) == sorted(plan[2][2] + plan[3][2]) == list(range(6))
     assert plan[0][2] + plan[1][2] != plan[2][2] + plan[3][2]  # the second epoch reshuffled
+
+
+def test_replay_trains_through_the_learners_filter(tmp_path: Path) -> None:
+    """Replay trains what the live reward learner would: a sample with a token id the model lacks is
+    counted and skipped (before, replay handed it to the embedding, which raised)."""
+    import msgspec
+
+    from infra.config import load_config
+    from infra.models import prepare_preset
+    from learners.replay import train_reward_model
+    from schemas.events import RewardSample, RewardSampleBatch
+    from tests.conftest import TEST_PRESETS
+
+    config = msgspec.structs.replace(load_config(TEST_PRESETS, environ={}), workdir=str(tmp_path))
+    folder = prepare_preset(config.reward_model, role="reward", workdir=tmp_path)  # built by `make test`
+    rewards = [RewardSample(sample_key=f"r/0/{i}/0", prompt_token_ids=s.prompt_ids, response_token_ids=s.response_ids,
+                            behaviour_logprobs=s.behaviour_logprobs, reward_version=0, advantage=s.advantage,
+                            reward=s.advantage) for i, s in enumerate(fixed_batch(4))]  # fmt: skip
+    unknown = msgspec.structs.replace(
+        rewards[1], response_token_ids=[10**6] * len(rewards[1].response_token_ids)
+    )
+    batch = RewardSampleBatch(request_id="r", samples=[rewards[0], unknown, *rewards[2:]])
+    _, _, losses, invalid = train_reward_model(folder, [batch], config, epochs=1, seed=0)
+    assert invalid == 1 and losses and all(math.isfinite(x) for x in losses)
