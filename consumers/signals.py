@@ -25,8 +25,8 @@ offset right after reading it would lose the group's earlier records on a crash.
 partition `min(first offset of every group still in memory, last read + 1)`: a restarted or newly
 assigned member re-reads from there and rebuilds every unfinished group from its own records. Records
 past the watermark whose groups were already published are re-read too; copies are skipped by the
-finished-request LRU while the process lives, and after a restart by the learners, which train each
-`sample_key` at most once. Partitions that move away drop their groups here: the new owner rebuilds
+finished-request LRU, which a start fills from `forge.groups` (every group settled so far, by any
+member), and the learners train each group at most once whatever reaches them. Partitions that move away drop their groups here: the new owner rebuilds
 them from the committed watermark.
 """
 
@@ -213,6 +213,10 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 gatherer.tasks.update(record.value)
 
         tg.start_soon(follow_tasks)
+        # groups settled before this start (by us before a restart, or by the member that had our
+        # partitions): their records past the watermark are re-read, and must not publish again
+        for record in await bus.read_topic(GROUPS):
+            gatherer.finished.add(record.value.request_id)
         async with BatchConsumer(bus, [JUDGED], group=GROUP) as consumer:
             committed: dict[tuple[str, int], int] = {}
             while not shutdown.is_set():

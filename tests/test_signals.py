@@ -518,5 +518,9 @@ async def test_signals_restart_rebuilds_an_open_group_from_the_watermark(kafka_c
             policy = await wait_records(
                 bus, topics.SAMPLES_POLICY, lambda v: "A" in {b.request_id for b in v}
             )
+            settled = await wait_records(bus, topics.GROUPS, lambda v: "A" in {g.request_id for g in v})
             shutdown.set()
     assert keyed([b for b in policy if b.request_id == "A"]) == A_POLICY
+    # the whole group behind A was re-read from the watermark (before A's last rollout): not published again
+    assert sorted(b.request_id for b in policy) == sorted(["A", probe_id])
+    assert sorted(g.request_id for g in settled) == sorted(["A", probe_id])
