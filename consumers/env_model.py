@@ -157,8 +157,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             async for record in bus.follow_topic(topics.TASKS, shutdown=shutdown):
                 pool.update(record.value)
 
-        async def handle(record: Record[Any]) -> None:
-            event: TaskEvent = record.value
+        async def handle(record: Record[TaskEvent]) -> None:
+            event = record.value
             if event.kind not in ("harder", "easier"):
                 return
             parent = pool.eligible(event.task_id)

@@ -191,8 +191,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 judge_id=judge_id,
             )
 
-        async def handle(record: Record[Any]) -> None:
-            trajectory: Trajectory = record.value
+        async def handle(record: Record[Trajectory]) -> None:
+            trajectory = record.value
             if serving is not None and cfg.follow_weights:
                 await serving.refresh()
             try:

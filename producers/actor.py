@@ -29,7 +29,7 @@ import anyio
 from envs import shared_environment
 from envs.base import Episode, boxed, listed_prefix
 from envs.play import first_valid
-from infra.bus import BatchConsumer, Bus, Record
+from infra.bus import BatchConsumer, Bus, RecentKeys, Record
 from infra.models.tokenizer import encode_response
 from infra.models.types import tokens_within
 from pipeline.serving import load_serving_model
@@ -78,26 +78,9 @@ class OffsetTracker:
         return out
 
 
-class RecentIds:
-    """Bounded memory of finished request ids (redelivered requests are skipped)."""
-
-    def __init__(self, size: int) -> None:
-        self._order: collections.deque[str] = collections.deque(maxlen=max(1, size))
-        self._set: set[str] = set()
-
-    def add(self, key: str) -> None:
-        if len(self._order) == self._order.maxlen:
-            self._set.discard(self._order[0])
-        self._order.append(key)
-        self._set.add(key)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._set
-
-
 @dataclass
 class RequestRun:
-    record: Record[Any]
+    record: Record[RolloutRequest]
     request: RolloutRequest
     remaining: int
     admitted_at: float = field(default_factory=time.monotonic)
@@ -181,7 +164,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     shutdown = shutdown or anyio.Event()
     cfg, model = config.actor, config.policy_model
     offsets = OffsetTracker()
-    finished_ids = RecentIds(config.kafka.dedup_window)
+    finished_ids = RecentKeys(max(1, config.kafka.dedup_window))  # finished request ids
     running: dict[str, RequestRun] = {}
     waiting: collections.deque[tuple[RequestRun, int]] = collections.deque()
     live: list[LiveEpisode] = []

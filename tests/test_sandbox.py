@@ -13,6 +13,7 @@ import pytest
 
 from envs import sandbox
 from envs.sandbox import SandboxLimits, SandboxUnavailable, run_python
+from tests.conftest import wait_for
 
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=4, memory_mb=256)
 
@@ -137,23 +138,25 @@ def test_a_setsid_daemon_does_not_outlive_the_call() -> None:
     marker = f"{31 + uuid.uuid4().int % 1000 / 1000:.3f}"  # a unique sleep length to find it by
     code = (
         "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        print('daemon up', flush=True)\n"
         f"        os.execv('/usr/bin/sleep', ['sleep', '{marker}'])\n    os._exit(0)\nos.wait()\nprint('parent done')"
     )
     result = run_python(code, limits=FAST)
-    assert result.ok and "parent done" in result.stdout, result.stderr
-    time.sleep(0.5)
-    assert _processes_with(marker) == []
+    assert result.ok and "daemon up" in result.stdout and "parent done" in result.stdout, result.stderr
+    wait_for(lambda: _processes_with(marker) == [], 5, "the daemon gone", interval_s=0.1)
 
 
 @pytest.mark.timeout(30)
 def test_infinite_loop_is_killed_on_the_wall_clock_with_everything_it_started() -> None:
     marker = f"{41 + uuid.uuid4().int % 1000 / 1000:.3f}"
-    code = f"import os\nif os.fork() == 0:\n    os.execv('/usr/bin/sleep', ['sleep', '{marker}'])\nwhile True:\n    pass"
+    code = (
+        "import os\nif os.fork() == 0:\n    print('child up', flush=True)\n"
+        f"    os.execv('/usr/bin/sleep', ['sleep', '{marker}'])\nwhile True:\n    pass"
+    )
     result = run_python(code, limits=SandboxLimits(timeout_s=1.0, cpu_s=5))
     assert not result.ok and result.killed_reason == "timeout" and result.returncode == -9
-    assert result.seconds < 5
-    time.sleep(0.5)
-    assert _processes_with(marker) == []
+    assert result.seconds < 5 and "child up" in result.stdout
+    wait_for(lambda: _processes_with(marker) == [], 5, "the child gone", interval_s=0.1)
 
 
 @pytest.mark.timeout(20)
