@@ -45,8 +45,9 @@ def hold_workdir(workdir: Path) -> Iterator[None]:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise WorkdirInUse(
-            f"{workdir} is in use by another `forgestream up` (pid {holder}): two runs on one folder "
-            "would share its checkpoints; stop that one or choose another --workdir"
+            f"{workdir} is in use by another forgestream process (pid {holder}: an `up`, or a command "
+            "reading a stopped run's data): two brokers or runs on one folder would share its data; "
+            "stop that one or choose another --workdir"
         ) from None
     try:
         os.ftruncate(fd, 0)
@@ -93,23 +94,29 @@ async def kafka_for(
             return
         except BrokerError:
             pass  # that run has stopped
+    live = (
+        f"the process that holds {workdir} is live but its broker "
+        f"({info.get('bootstrap') or 'address not yet recorded'}) does not answer; try again shortly "
+        "(a second broker on a run's data is never started)"
+    )
     if workdir_held(workdir):
-        raise BrokerError(
-            f"the `up` that holds {workdir} is live but its broker "
-            f"({info.get('bootstrap') or 'address not yet recorded'}) does not answer; try again shortly "
-            "(a second broker on a live run's data is never started)"
-        )
+        raise BrokerError(live)
     if not info.get("durable") or not (workdir / "broker").is_dir():
         raise BrokerError(
             f"no broker for {workdir}: the run is not running and kept no durable data "
             "(ephemeral runs leave only <workdir>/report/summary.json)"
         )
-    broker = Broker(durable=True, data_dir=workdir / "broker")
-    await anyio.to_thread.run_sync(broker.start)
-    try:
-        yield msgspec.structs.replace(kafka, bootstrap=broker.bootstrap)
-    finally:
-        await anyio.to_thread.run_sync(broker.stop)
+    with contextlib.ExitStack() as held:
+        try:  # held while our broker runs on the stopped run's data: no `up` starts another on it
+            held.enter_context(hold_workdir(workdir))
+        except WorkdirInUse:
+            raise BrokerError(live) from None
+        broker = Broker(durable=True, data_dir=workdir / "broker")
+        await anyio.to_thread.run_sync(broker.start)
+        try:
+            yield msgspec.structs.replace(kafka, bootstrap=broker.bootstrap)
+        finally:
+            await anyio.to_thread.run_sync(broker.stop)
 
 
 async def read_progress(kafka: KafkaConfig) -> Progress:  # noqa: F821

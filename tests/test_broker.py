@@ -162,7 +162,7 @@ def test_one_up_per_workdir_and_the_config_file_names_it(tmp_path: Path) -> None
         started = time.monotonic()
         second = run_cli("up", "--config", str(config), "--ephemeral", "--minutes", "1", timeout=60)
         assert second.returncode == 2, second.stdout + second.stderr
-        assert f"{workdir} is in use by another `forgestream up` (pid {os.getpid()})" in second.stderr
+        assert f"{workdir} is in use by another forgestream process (pid {os.getpid()}" in second.stderr
         assert time.monotonic() - started < 30  # before any broker or model starts
         assert not (workdir / "broker.json").exists()
     assert not workdir_held(workdir)
@@ -179,6 +179,30 @@ def test_one_up_per_workdir_and_the_config_file_names_it(tmp_path: Path) -> None
         assert not workdir_held(workdir)
     finally:
         holder.kill()
+
+
+@pytest.mark.timeout(120)
+async def test_reading_a_stopped_run_holds_its_folder_while_its_broker_runs(tmp_path: Path) -> None:
+    """`status` / `report` on a stopped durable run start a broker on its data; meanwhile they hold the
+    folder, so an `up` (or another reader) cannot start a second broker on the same data."""
+    from app.run_folder import WorkdirInUse, hold_workdir, kafka_for, record_broker, workdir_held
+
+    workdir = tmp_path / "run"
+    with Broker(durable=True, data_dir=workdir / "broker") as first:
+        await create_topics(KafkaConfig(bootstrap=first.bootstrap))
+        record_broker(workdir, first.bootstrap, durable=True)
+    async with kafka_for(KafkaConfig(), bootstrap=None, workdir=workdir) as kafka:
+        async with Bus(kafka, role="test") as bus:  # its broker answers on the run's data
+            await bus.send(T.TASKS, request(0).task, key="t0")
+            assert [r.value.task_id for r in await bus.read_topic(T.TASKS)] == ["t0"]
+        assert workdir_held(workdir)
+        with pytest.raises(WorkdirInUse, match=f"pid {os.getpid()}"):
+            with hold_workdir(workdir):
+                pass
+        with pytest.raises(BrokerError, match="never started"):
+            async with kafka_for(KafkaConfig(), bootstrap=None, workdir=workdir):
+                pass
+    assert not workdir_held(workdir)
 
 
 def request(i: int) -> ev.RolloutRequest:
