@@ -74,8 +74,9 @@ class Progress:
     metrics_last: dict[str, float] = field(default_factory=dict)
     series: dict[str, Series] = field(default_factory=lambda: collections.defaultdict(Series))
     difficulty_snapshots: list[tuple[float, dict[int, int]]] = field(default_factory=list)
-    # policy version a rollout started with -> [successes, rollouts]
-    success_by_version: dict[int, list[int]] = field(default_factory=dict)
+    # policy version a rollout started with -> its task's difficulty -> [successes, rollouts] (the env
+    # model moves tasks between levels: pooled over levels, a version's success says more about its mix)
+    success_by_version: dict[int, dict[int, list[int]]] = field(default_factory=dict)
     # evaluator: level -> {policy version: held-out success}; reward version -> process accuracy
     heldout: dict[str, dict[int, float]] = field(default_factory=dict)
     process_accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -119,7 +120,8 @@ class Progress:
         self.outcomes.append(outcome)
         if judged.trajectory.steps:
             version = min(step.policy_version for step in judged.trajectory.steps)
-            tally = self.success_by_version.setdefault(version, [0, 0])
+            by_level = self.success_by_version.setdefault(version, {})
+            tally = by_level.setdefault(judged.trajectory.task.difficulty, [0, 0])
             tally[0] += int(outcome == 1)
             tally[1] += 1
         while len(self.outcomes) > self.success_window:

@@ -55,14 +55,15 @@ def write_report(progress: Progress, out: Path, *, title: str = "forgestream run
         ax.grid(alpha=0.3)
         save(fig, name, caption)
 
-    # Success per policy version: rollouts by the version they started with (marker size ~ count),
-    # and the evaluator's held-out success of evaluated versions, per level.
+    # Success per policy version: rollouts by the version they started with and their task's level
+    # (marker size ~ count), and the evaluator's held-out success of evaluated versions, per level.
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    if progress.success_by_version:
-        versions = sorted(progress.success_by_version)
-        tallies = [progress.success_by_version[v] for v in versions]
+    levels = sorted({lv for by_level in progress.success_by_version.values() for lv in by_level})
+    for level in levels:
+        versions = [v for v in sorted(progress.success_by_version) if level in progress.success_by_version[v]]
+        tallies = [progress.success_by_version[v][level] for v in versions]
         ax.scatter(versions, [w / n for w, n in tallies], s=[8 + 2 * n for _, n in tallies], alpha=0.5,
-                   label="training rollouts (by starting version)")  # fmt: skip
+                   label=f"training rollouts, level {level}")  # fmt: skip
     for level, by_version in sorted(progress.heldout.items()):
         xs = sorted(by_version)
         ax.plot(xs, [by_version[v] for v in xs], marker="o", label=f"held-out, level {level}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+
 from app.progress import Progress
 from app.report import write_report
 from schemas import events as ev
@@ -98,7 +100,13 @@ def test_progress_counts_effects_not_deliveries_and_derives_every_status_key():
     assert snap["verdict_agreement"] == round(3 / 5, 4)
     assert snap["dlq"] == 1 and snap["lag"] == {"actors": 3}
     assert p.difficulty_spread() == {0: 1, 1: 1}
-    assert p.success_by_version == {0: [1, 2]}  # both rollouts started at v0, one succeeded
+    assert p.success_by_version == {0: {0: [1, 2]}}  # both rollouts started at v0 on level 0, one won
+    harder = _judged("r2", 0, 1, [1])
+    harder = msgspec.structs.replace(
+        harder, trajectory=msgspec.structs.replace(harder.trajectory, task=_task("t9", difficulty=3))
+    )
+    p.apply(tp.JUDGED, harder, 20.0)
+    assert p.success_by_version == {0: {0: [1, 2], 3: [1, 1]}}  # levels apart, not pooled
 
 
 def test_progress_folds_evaluations_per_version():
