@@ -90,6 +90,17 @@ def role_niceness(parent: int, role: str) -> int | None:
     return None
 
 
+def process_titles() -> list[bytes]:
+    """Every live process's argv as /proc shows it to anyone on the machine."""
+    titles = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            titles.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            continue  # gone meanwhile
+    return titles
+
+
 def trajectories_by_actor(kafka: KafkaConfig) -> list[tuple[float, str]]:
     async def read() -> list[tuple[float, str]]:
         async with Bus(kafka, role="e2e-probe") as bus:
@@ -121,6 +132,10 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
     config = tmp_path / "e2e.toml"
     config.write_text(E2E_CONFIG)
     env = env_for_tests()
+    # a secret in the environment, as a deployment passes one (unused on this PLAINTEXT broker): it must
+    # not reach a process title, a log, or `status`
+    secret = f"s3cret-{os.getpid()}-marker"
+    env["FORGESTREAM_KAFKA__SASL_PASSWORD"] = secret
     # the test's own broker, which `up` reuses: the topics outlive the loop, so the replay below runs
     # on a stopped run with the machine to itself (beside a live loop, on 2 cores, it took over 5 minutes)
     with Broker() as broker:
@@ -142,6 +157,10 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
                 assert role_niceness(up.pid, role) == os.getpriority(os.PRIO_PROCESS, 0) + NICENESS.get(
                     role, 0
                 ), role
+            titles = process_titles()
+            assert sum(b"app.cli" in t for t in titles) >= 4 and not [
+                t for t in titles if secret.encode() in t
+            ]
             second_actor = subprocess.Popen(
                 [*CLI, "run", "actor", "--bootstrap", broker.bootstrap, "--workdir", str(workdir), "--config",
                  str(config)],
@@ -200,6 +219,8 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
         text=True,
     )
     assert status.returncode == 0, status.stderr
+    logs = [p.read_text(errors="replace") for p in [tmp_path / "up.log", *(workdir / "logs").glob("*.log")]]
+    assert len(logs) >= 5 and all(secret not in text for text in [*logs, status.stdout, status.stderr])
     figures = json.loads(status.stdout)
     assert figures["policy_version"] >= 3, figures
     assert figures["reward_version"] >= 2, figures
