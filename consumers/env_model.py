@@ -30,7 +30,7 @@ import msgspec
 from envs import parse_boxed, shared_environment
 from envs.base import Environment
 from infra.bus import Bus, Record
-from pipeline.taskpool import TaskPool
+from pipeline.taskpool import TaskPool, follow_tasks, restore_tasks
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import CriticFeedback, TaskEvent, TaskSpec
@@ -150,12 +150,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
         )
 
     async with Bus(config.kafka, role="env-model") as bus:
-        for record in await bus.read_topic(topics.TASKS):
-            pool.update(record.value)
-
-        async def follow_tasks() -> None:
-            async for record in bus.follow_topic(topics.TASKS, shutdown=shutdown):
-                pool.update(record.value)
+        await restore_tasks(bus, pool)
 
         async def handle(record: Record[TaskEvent]) -> None:
             event = record.value
@@ -199,7 +194,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
             log.info("env-model: %s variant %s of %s", event.kind, variant.task_id, parent.task_id)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(follow_tasks)
+            tg.start_soon(follow_tasks, bus, pool, shutdown)
             await bus.consume(
                 [topics.TASK_EVENTS],
                 group="env-model",

@@ -38,7 +38,7 @@ from faust.tables.recovery import Recovery
 
 import algorithm
 from infra.bus import Bus, FatalError, client_options, redriven_elsewhere
-from pipeline.taskpool import TaskPool
+from pipeline.taskpool import TaskPool, follow_tasks, restore_tasks
 from schemas import codec
 from schemas.config import ForgeConfig, KafkaConfig, RunConfig
 from schemas.events import CriticFeedback, JudgedTrajectory, TaskEvent, TaskSpec
@@ -266,11 +266,6 @@ class Forge:
         await self.bus.metric("forge/tasks_active", float(self.view.count("active")))
         await self.bus.metric("forge/tasks_pending", float(self.view.count("pending")))
 
-    async def follow_tasks(self, shutdown: anyio.Event) -> None:
-        async for record in self.bus.follow_topic(TASKS, shutdown=shutdown):
-            if self.view.update(record.value):
-                await self._task_gauges()
-
 
 @contextlib.asynccontextmanager
 async def running(config: RunConfig) -> AsyncIterator[Forge]:
@@ -281,9 +276,8 @@ async def running(config: RunConfig) -> AsyncIterator[Forge]:
             logging.getLogger(name).setLevel(logging.WARNING)
     async with Bus(config.kafka, role="forge") as bus, anyio.create_task_group() as tg:
         forge = Forge(config, bus)
-        for record in await bus.read_topic(TASKS):  # know every task before the first decision
-            forge.view.update(record.value)
-        tg.start_soon(forge.follow_tasks, stop_follower)
+        await restore_tasks(bus, forge.view)  # know every task before the first decision
+        tg.start_soon(follow_tasks, bus, forge.view, stop_follower, forge._task_gauges)
         await forge.app.start()
         try:
             yield forge

@@ -42,10 +42,10 @@ import anyio
 from infra.bus import BatchConsumer, Bus, RecentKeys, Record
 from pipeline.groups import RolloutGroup
 from pipeline.samples import build_samples
-from pipeline.taskpool import TaskPool
+from pipeline.taskpool import TaskPool, follow_tasks
 from schemas.config import PolicyLearnerConfig, RunConfig, SignalsConfig
 from schemas.events import GroupAction, GroupSettled, JudgedTrajectory, TaskSpec
-from schemas.topics import GROUPS, JUDGED, SAMPLES_POLICY, SAMPLES_REWARD, TASKS
+from schemas.topics import GROUPS, JUDGED, SAMPLES_POLICY, SAMPLES_REWARD
 
 log = logging.getLogger("forgestream.signals")
 GROUP = "signals"
@@ -207,12 +207,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     settings = config.signals
     gatherer = Gatherer(settings, config.kafka.dedup_window)
     async with Bus(config.kafka, role="signals") as bus, anyio.create_task_group() as tg:
-
-        async def follow_tasks() -> None:
-            async for record in bus.follow_topic(TASKS, shutdown=shutdown):
-                gatherer.tasks.update(record.value)
-
-        tg.start_soon(follow_tasks)
+        tg.start_soon(follow_tasks, bus, gatherer.tasks, shutdown)
         # groups settled before this start (by us before a restart, or by the member that had our
         # partitions): their records past the watermark are re-read, and must not publish again
         for record in await bus.read_topic(GROUPS):

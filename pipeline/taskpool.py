@@ -6,11 +6,43 @@ keep the last value per key themselves; a late, older version never overwrites a
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import anyio
+
+from infra.bus import Bus
 from schemas.events import TaskSpec
+from schemas.topics import TASKS
 
 LIVE = ("active", "pending")
+
+
+class TaskView(Protocol):
+    def update(self, task: TaskSpec) -> bool | None: ...
+
+
+async def restore_tasks(bus: Bus, view: TaskView) -> None:
+    """Every task so far into `view`, before a role's first decision."""
+    for record in await bus.read_topic(TASKS):
+        view.update(record.value)
+
+
+async def follow_tasks(
+    bus: Bus,
+    view: TaskView,
+    shutdown: anyio.Event,
+    on_change: Callable[[], Awaitable[None] | None] | None = None,
+) -> None:
+    """Keep `view` current (from the beginning, then as tasks change) until `shutdown`; `on_change`
+    runs after each update that changed it (a view whose update returns None: after every update)."""
+    async for record in bus.follow_topic(TASKS, shutdown=shutdown):
+        changed = view.update(record.value)
+        if on_change is not None and changed is not False:
+            done = on_change()
+            if done is not None:
+                await done
 
 
 @dataclass

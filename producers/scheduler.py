@@ -34,7 +34,7 @@ from envs import get_environment
 from envs.base import Environment
 from envs.seeds import training_rng
 from infra.bus import Bus, RecentKeys
-from pipeline.taskpool import TaskPool
+from pipeline.taskpool import TaskPool, follow_tasks, restore_tasks
 from schemas import topics
 from schemas.config import RunConfig
 from schemas.events import RolloutRequest, TaskSpec, WeightsPublished
@@ -143,8 +143,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
     async with Bus(config.kafka, role="scheduler") as bus:
         # --- restore: pool, earlier requests (keeps request ids unique across restarts) ---
-        for record in await bus.read_topic(topics.TASKS):
-            pool.update(record.value)
+        await restore_tasks(bus, pool)
         previous = await bus.read_topic(topics.ROLLOUT_REQUESTS)
         now = time.monotonic()
         for record in previous:
@@ -160,11 +159,6 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 await bus.send(topics.TASKS, task, key=task.task_id)
                 pool.update(task)
             log.info("scheduler: seeded %d tasks at difficulty %d", len(pool), cfg.seed_difficulty)
-
-        async def follow_tasks() -> None:
-            async for record in bus.follow_topic(topics.TASKS, shutdown=shutdown):
-                pool.update(record.value)
-                poke()
 
         async def follow_groups() -> None:
             async for record in bus.follow_topic(topics.GROUPS, shutdown=shutdown):
@@ -217,7 +211,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     await wake.wait()
 
         async with anyio.create_task_group() as tg:
-            for loop in (follow_tasks, follow_groups, follow_weights, emit):
+            tg.start_soon(follow_tasks, bus, pool, shutdown, poke)
+            for loop in (follow_groups, follow_weights, emit):
                 tg.start_soon(loop)
             await shutdown.wait()
             tg.cancel_scope.cancel()

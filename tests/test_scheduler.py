@@ -16,7 +16,7 @@ from producers.scheduler import Flight, pick_tasks
 from schemas import topics
 from schemas.config import OffPolicyConfig, RunConfig, SchedulerConfig
 from schemas.events import GroupSettled, RolloutRequest, TaskSpec, WeightsPublished
-from tests.conftest import wait_records
+from tests.conftest import eventually, wait_records
 
 
 def task(task_id: str, status: str = "active", version: int = 0) -> TaskSpec:
@@ -34,6 +34,25 @@ def test_pool_keeps_newest_version_and_drops_retired() -> None:
     pool.update(task("b", "retired", version=2))
     assert pool.tasks["a"].status == "active"
     assert [t.task_id for t in pool.schedulable()] == ["a"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_task_view_is_restored_then_followed_and_told_of_changes_only(kafka_config: Any) -> None:
+    from pipeline.taskpool import follow_tasks, restore_tasks
+
+    pool, changes = TaskPool(), []
+    async with Bus(kafka_config, role="test") as bus:
+        await bus.send(topics.TASKS, task("a", "pending"), key="a")
+        await restore_tasks(bus, pool)
+        assert list(pool.tasks) == ["a"]
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow_tasks, bus, pool, shutdown, lambda: changes.append(len(pool)))
+            for spec in (task("a", "active", version=1), task("a", "pending"), task("b")):  # one stale
+                await bus.send(topics.TASKS, spec, key=spec.task_id)
+            await eventually(lambda: "b" in pool.tasks, 30, "task b followed")
+            shutdown.set()
+    assert pool.tasks["a"].status == "active" and changes == [1, 2]  # "a" seen again at restore: no call
 
 
 def test_flight_runs_until_settled_and_accepts_groups_that_train() -> None:
