@@ -5,7 +5,10 @@ Layout under `<workdir>/checkpoints/<model name>/`:
   step-00000012/optimizer.safetensors  per-parameter AdamW moments (see learners.engine)
   step-00000012/state.json             LearnerState: version, steps, offsets, trained keys, pending samples
   step-00000012/COMPLETE               written last; only folders holding it are ever restored
-  journal.jsonl                        one line per optimizer step (keys trained) and per restore
+  journal.jsonl                        one line per optimizer step (keys trained) and per restore;
+  journal.1.jsonl                      the segment before it (at JOURNAL_SEGMENT_BYTES the journal
+                                       rotates: disk stays bounded on a run of days, the audit keeps
+                                       the newest one to two segments)
 
 Invariant: a checkpoint is written into a temporary folder and renamed into place after its files
 are flushed, so a kill -9 at any moment leaves either the previous checkpoint or the new one,
@@ -27,6 +30,7 @@ from infra.weights import retry_when_full
 
 COMPLETE = "COMPLETE"
 PREFIX = "step-"
+JOURNAL_SEGMENT_BYTES = 64 << 20  # ~25,000 optimizer steps of 64 sample keys
 
 
 class TrainSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -195,10 +199,13 @@ def load_optimizer_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def append_journal(root: Path, entry: dict) -> None:
-    """Append-only record of what each optimizer step trained (tests and audits read it)."""
+    """Append-only record of what each optimizer step trained (tests and audits read it); a full
+    segment becomes journal.1.jsonl, replacing the one before."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "journal.jsonl"
     torn = False
+    if path.is_file() and path.stat().st_size >= JOURNAL_SEGMENT_BYTES:
+        os.replace(path, root / "journal.1.jsonl")
     if path.is_file() and path.stat().st_size > 0:
         with open(path, "rb") as f:
             f.seek(-1, os.SEEK_END)
@@ -211,10 +218,13 @@ def append_journal(root: Path, entry: dict) -> None:
 def read_lineage(root: Path) -> list[dict]:
     """The steps the newest weights descend from: steps undone by a restore are cut out."""
     lineage: list[dict] = []
-    path = root / "journal.jsonl"
-    if not path.is_file():
-        return lineage
-    for line in path.read_text().splitlines():
+    lines = [
+        line
+        for path in (root / "journal.1.jsonl", root / "journal.jsonl")
+        if path.is_file()
+        for line in path.read_text().splitlines()
+    ]
+    for line in lines:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:  # a line torn by kill -9, or blank

@@ -381,6 +381,21 @@ def test_journal_lineage_cuts_undone_steps(tmp_path: Path) -> None:
     assert [e["keys"] for e in ckpt.read_lineage(tmp_path)] == [["a"], ["b"], ["c2"]]
 
 
+def test_the_journal_rotates_so_disk_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckpt, "JOURNAL_SEGMENT_BYTES", 300)
+    for step in range(1, 41):
+        ckpt.append_journal(tmp_path, {"step": step, "version": step, "keys": [f"k{step}"]})
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["journal.1.jsonl", "journal.jsonl"]
+    assert all(p.stat().st_size < 300 + 60 for p in tmp_path.iterdir())
+    steps = [e["step"] for e in ckpt.read_lineage(tmp_path)]
+    assert (
+        steps[-1] == 40 and steps == list(range(steps[0], 41)) and 5 < len(steps) < 20
+    )  # the newest, in order
+    ckpt.append_journal(tmp_path, {"restored_step": steps[1]})  # a restore reaching into the older segment
+    assert [e["step"] for e in ckpt.read_lineage(tmp_path)] == steps[:2]
+
+
 def test_a_crash_right_after_a_checkpoint_keeps_its_step_in_the_lineage(tmp_path: Path) -> None:
     """The journal line goes before the checkpoint: a kill between the checkpoint and the publish
     (here, the publish fails) must not leave a restored step whose keys the lineage lacks."""
