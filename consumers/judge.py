@@ -162,7 +162,7 @@ def oracle_steps(
 # --- the role ------------------------------------------------------------------------------------
 async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None:
     shutdown = shutdown or anyio.Event()
-    cfg, model = config.judge, config.reward_model  # RunConfig holds judge.temperature == the model's
+    cfg, model = config.judge, config.reward_model  # verdicts are sampled at the model's temperature
 
     async with Bus(config.kafka, role="judge") as bus:
         serving = await load_serving_model(config, bus, "reward") if cfg.verdicts == "model" else None

@@ -244,8 +244,8 @@ VerdictSource = Literal["model", "oracle", "oracle-explore", "oracle-invalid", "
 
 class JudgeConfig(Config, frozen=True, kw_only=True):
     m: Annotated[int, Meta(ge=1, le=64)] = 3
-    """Verdicts per step (paper: 3)."""
-    temperature: Annotated[float, Meta(ge=0.0, le=5.0)] = 0.8
+    """Verdicts per step (paper: 3), sampled at `reward_model.temperature` (the reward learner rescores
+    them at that temperature, so it is set once, there)."""
     max_new_tokens: PosInt = 24
     verdicts: VerdictSource = "model"
     """`oracle`: an ablation, not the paper's loop. The m verdicts of a step are the environment's own
@@ -507,9 +507,6 @@ class RunConfig(Config, frozen=True, kw_only=True):
         fails at start-up, naming both fields."""
         self._resolve_defaults()
         for ok, problem in (
-            (self.judge.temperature == self.reward_model.temperature,
-             f"judge.temperature ({self.judge.temperature}) must equal reward_model.temperature "
-             f"({self.reward_model.temperature}): the reward learner rescores verdicts at the latter"),
             (self.signals.policy_acc_low <= self.signals.policy_acc_high,
              f"signals.policy_acc_low ({self.signals.policy_acc_low}) > policy_acc_high ({self.signals.policy_acc_high})"),
             (self.signals.rm_acc_low <= self.signals.rm_acc_high,

@@ -162,7 +162,7 @@ async def test_judge_gives_m_verdicts_per_step(kafka_config: Any, model_home: No
         workdir=str(tmp_path),
         kafka=kafka_config,
         reward_model=REWARD,
-        judge=JudgeConfig(m=m, temperature=REWARD.temperature, max_new_tokens=16),
+        judge=JudgeConfig(m=m, max_new_tokens=16),
     )
     trajectories = [oracle_trajectory(11, "req-j", i, group_size=3) for i in range(2)]
     marker = oracle_trajectory(
@@ -203,7 +203,7 @@ async def test_judges_follow_or_stay_pinned_to_the_preset(
         workdir=str(tmp_path),
         kafka=kafka_config,
         reward_model=REWARD,
-        judge=JudgeConfig(temperature=REWARD.temperature, max_new_tokens=8, follow_weights=follow),
+        judge=JudgeConfig(max_new_tokens=8, follow_weights=follow),
     )
     net, tokenizer = load_trainable(REWARD, role="reward", workdir=tmp_path)
     published = WeightStore.for_run(config).publish("reward", 1, net, tokenizer, preset="tiny")

@@ -342,7 +342,6 @@ def test_secrets_never_appear_in_a_config_repr() -> None:
 @pytest.mark.parametrize(
     ("env", "names"),
     [
-        ({"FORGESTREAM_JUDGE__TEMPERATURE": "0.5"}, ("judge.temperature", "reward_model.temperature")),
         ({"FORGESTREAM_SIGNALS__POLICY_ACC_LOW": "0.9"}, ("policy_acc_low", "policy_acc_high")),
         ({"FORGESTREAM_SIGNALS__RM_ACC_HIGH": "0.1"}, ("rm_acc_low", "rm_acc_high")),
         ({"FORGESTREAM_FORGE__LOW": "0.9"}, ("forge.low", "forge.high")),
@@ -357,6 +356,18 @@ def test_cross_field_rules_fail_at_load_naming_both_fields(
     with pytest.raises(ConfigError) as failed:
         load_config(environ=env)
     assert all(name in str(failed.value) for name in names)
+
+
+def test_the_judges_temperature_is_the_reward_models_set_once() -> None:
+    """Verdicts are sampled, and rescored by the reward learner, at reward_model.temperature: a judge
+    setting of its own could only disagree, so it is refused by name."""
+    from infra.config import ConfigError, load_config
+
+    assert (
+        load_config(environ={"FORGESTREAM_REWARD_MODEL__TEMPERATURE": "0.5"}).reward_model.temperature == 0.5
+    )
+    with pytest.raises(ConfigError, match=r"unknown field `temperature` - at `\$\.judge`"):
+        load_config(environ={"FORGESTREAM_JUDGE__TEMPERATURE": "0.5"})
 
 
 def test_eta_is_set_once_for_the_scheduler_and_the_policy_learner() -> None:

@@ -177,7 +177,7 @@ def evaluate(
                 HFBackend(folder, dtype=rm.dtype, device=rm.device),
                 steps,
                 m=m or cfg.judge.m,
-                temperature=cfg.judge.temperature,
+                temperature=rm.temperature,
                 max_tokens=cfg.judge.max_new_tokens,
                 seed=seed,
             )
