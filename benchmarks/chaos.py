@@ -10,7 +10,8 @@ at three quarters it freezes the broker (SIGSTOP) for `--freeze-s` seconds: an o
 end by restarting it. `up` restarts what died. The run then goes on to its end without faults.
 Afterwards, from the topics (read from the broker's data) and the learners' checkpoint lineage:
 - rollout requests lost: requests sent at least `--settle-s` before the run's last trajectory that
-  never got all of their trajectories;
+  never got all of their trajectories; and of those, the ones the broker lost (sent before its kill,
+  their trajectories' partition kept no record from before it);
 - trajectories judged more than once (redeliveries after a kill: expected), and samples trained twice
   (the learners' lineage, policy and reward: must be 0);
 - policy and reward versions published: gap-free from 0 to the newest;
@@ -77,13 +78,18 @@ async def read_run(bootstrap: str) -> dict:
         weights = await bus.read_topic(topics.WEIGHTS, latest_per_key=False)
     return {
         "requests": [(r.value.request_id, r.value.n, r.timestamp_ms / 1000) for r in requests],
+        "request_partition": {r.value.request_id: r.partition for r in requests},
         "trajectories": [(r.value.key, r.timestamp_ms / 1000) for r in trajectories],
+        "trajectory_times": [(r.partition, r.timestamp_ms / 1000) for r in trajectories],
         "judged": [r.value.key for r in judged],
         "weights": [(w.value.model, w.value.version) for w in weights],
     }
 
 
-def lost_requests(run: dict, settle_s: float) -> dict:
+def lost_requests(run: dict, settle_s: float, broker_killed_at: float | None = None) -> dict:
+    """Settled requests without all their trajectories; of those, the ones the broker lost: sent before
+    its kill, their trajectories' partition (keyed by request id, as the requests) kept no record from
+    before the kill."""
     last = max((t for _, t in run["trajectories"]), default=0.0)
     produced: dict[str, set[str]] = {}
     for key, _ in run["trajectories"]:
@@ -91,8 +97,20 @@ def lost_requests(run: dict, settle_s: float) -> dict:
         produced.setdefault(request_id, set()).add(index)
     old = {rid: n for rid, n, t in run["requests"] if t <= last - settle_s}
     lost = sorted(rid for rid, n in old.items() if len(produced.get(rid, ())) < n)
+    emptied: list[int] = []
+    by_broker: list[str] = []
+    if broker_killed_at is not None:
+        kept = {p for p, t in run["trajectory_times"] if t < broker_killed_at}
+        sent_at = {rid: t for rid, _, t in run["requests"]}
+        by_broker = [
+            rid
+            for rid in lost
+            if sent_at[rid] < broker_killed_at and run["request_partition"][rid] not in kept
+        ]
+        emptied = sorted({run["request_partition"][rid] for rid in by_broker})
     return {"requests": len({rid for rid, _, _ in run["requests"]}), "settled_requests": len(old),
-            "lost": len(lost), "lost_ids": lost[:20]}  # fmt: skip
+            "lost": len(lost), "lost_ids": lost[:20], "lost_with_the_broker": len(by_broker),
+            "trajectory_partitions_emptied_by_the_broker": emptied}  # fmt: skip
 
 
 def versions(run: dict, model: str) -> dict:
@@ -146,6 +164,7 @@ def main() -> None:
         rotation: list[str] = []
         start = time.monotonic()
         broker_killed = broker_frozen = False
+        broker_killed_at: float | None = None
         while time.monotonic() - start < args.chaos_minutes * 60 and up.poll() is None:
             time.sleep(args.every_s)
             if not broker_frozen and time.monotonic() - start >= args.chaos_minutes * 45:
@@ -166,6 +185,7 @@ def main() -> None:
                 kills.append(
                     {"at_s": round(time.monotonic() - start, 1), "what": "broker + store", "pids": pids}
                 )
+                broker_killed_at = time.time()
                 broker_killed = True
                 continue
             if not rotation:
@@ -189,7 +209,7 @@ def main() -> None:
     result = {
         "machine": "2 cores, no GPU", "minutes": args.minutes, "chaos_minutes": args.chaos_minutes,
         "every_s": args.every_s, "kills": kills, "up_exit_code": up_code, "restarts": restarts(workdir),
-        "rollout_requests": lost_requests(run, args.settle_s),
+        "rollout_requests": lost_requests(run, args.settle_s, broker_killed_at),
         "trajectories": len({k for k, _ in run["trajectories"]}),
         "judged_more_than_once": sum(1 for n in judged.values() if n > 1),
         "samples_trained_twice": trained_twice(workdir),
