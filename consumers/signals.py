@@ -26,8 +26,8 @@ partition `min(first offset of every group still in memory, last read + 1)`: a r
 assigned member re-reads from there and rebuilds every unfinished group from its own records. Records
 past the watermark whose groups were already published are re-read too; copies are skipped by the
 finished-request LRU, which a start fills from `forge.groups` (every group settled so far, by any
-member), and the learners train each group at most once whatever reaches them. Partitions that move away drop their groups here: the new owner rebuilds
-them from the committed watermark.
+member), and the learners train each group at most once whatever reaches them. Partitions that move
+away drop their groups here: the new owner rebuilds them from the committed watermark.
 """
 
 from __future__ import annotations
