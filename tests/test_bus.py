@@ -254,6 +254,56 @@ async def test_a_record_whose_transient_fault_outlasts_its_strikes_is_dead_lette
         )
 
 
+async def test_a_group_beyond_a_partitions_end_reads_on_from_the_end(
+    kafka_config: KafkaConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker that lost acknowledged records repeats their offsets. A group whose committed offset is
+    beyond the partition's end waited there and skipped every record written below it (Tansu: no
+    out-of-range reset); both group consumers now start at the end and say why."""
+    from aiokafka import TopicPartition
+    from aiokafka.structs import OffsetAndMetadata
+
+    warned = "position 10 is beyond the partition's end 2"
+    async with Bus(kafka_config, role="test") as bus:
+        await bus.send_many(T.METRICS, [("k", metric(i)) for i in range(2)])
+        tp = TopicPartition(bus.names.of(T.METRICS), (await bus.read_topic(T.METRICS))[0].partition)
+        for group in ("g-beyond", "g-beyond-batch"):  # as if they had read 10 records the broker then lost
+            consumer = bus._consumer(group)
+            await consumer.start()
+            consumer.assign([tp])
+            await consumer.commit({tp: OffsetAndMetadata(10, "")})
+            await consumer.stop()
+        got: list[int] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: consume_until(bus, [T.METRICS], "g-beyond", 4, handler_fault=record_offset(got))
+            )
+            with anyio.move_on_after(20):  # the group has its partitions (without the fix: no word, 20 s)
+                await eventually(lambda: warned in caplog.text, 20, "the warning")
+            await bus.send_many(T.METRICS, [("k", metric(i)) for i in range(2, 6)])  # offsets 2-5, below 10
+        assert got == [2, 3, 4, 5]
+        async with BatchConsumer(bus, [T.METRICS], group="g-beyond-batch") as batch:
+            read = [
+                r.offset for r in await batch.next_batch(10, timeout_s=5.0)
+            ]  # joins: starts at the end, 6
+            await bus.send_many(T.METRICS, [("k", metric(i)) for i in range(6, 8)])
+
+            async def two() -> bool:
+                read.extend(r.offset for r in await batch.next_batch(10, timeout_s=0.5))
+                return len(read) >= 2
+
+            await eventually(two, 30, "the batch consumer's records")
+        assert read == [6, 7]
+    assert caplog.text.count("is beyond the partition's end") == 2
+
+
+def record_offset(into: list[int]) -> Any:
+    async def fault(record: Record[Any]) -> None:
+        into.append(record.offset)
+
+    return fault
+
+
 async def test_duplicates_are_skipped_by_idempotency_key(kafka_config: KafkaConfig) -> None:
     async with Bus(kafka_config, role="test") as bus:
         # the same request twice (a producer retry), then a different one

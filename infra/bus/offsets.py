@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 log = logging.getLogger("forgestream.bus")
@@ -47,10 +47,14 @@ async def true_end_offsets(
 
 
 class PendingOffsets(ConsumerRebalanceListener):
-    """Next offsets to commit, per partition; commits what was handled before partitions move away."""
+    """Next offsets to commit, per partition; commits what was handled before partitions move away; and
+    on assignment, never starts a partition beyond its end (see `start_within_the_log`)."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, probe: Callable[[], AIOKafkaConsumer] | None = None
+    ) -> None:
         self.consumer = consumer
+        self.probe = probe  # a new group-less consumer, to read a partition's true end
         self.pending: dict[TopicPartition, int] = {}
         self.last_commit = time.monotonic()
 
@@ -76,7 +80,46 @@ class PendingOffsets(ConsumerRebalanceListener):
             self.pending.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        pass
+        await self.start_within_the_log(assigned)
+
+    async def start_within_the_log(
+        self, assigned: list[TopicPartition], positions: dict[TopicPartition, int] | None = None
+    ) -> None:
+        """A start position (the group's committed offset, or `positions`) beyond a partition's end means
+        the broker lost records this group had read (a broker restarted without its newest data: the
+        embedded one did, killed with its store). Its offsets then repeat, and a consumer waiting at the
+        old position silently skips every record written below it (measured on Tansu: committed 10 on a
+        2-record partition, records 2-9 written later were never delivered). So: say it loudly, and start
+        at the end as it is now."""
+        if self.probe is None or not assigned:
+            return
+        starts = dict(positions or {})
+        for tp in assigned:
+            if tp not in starts and (committed := await self.consumer.committed(tp)) is not None:
+                starts[tp] = committed
+        if not starts:
+            return
+        hints = await self.consumer.end_offsets(list(starts))  # never above the true end (Tansu: below)
+        suspects = [tp for tp, start in starts.items() if start > hints[tp]]
+        if not suspects:
+            return
+        probe = self.probe()
+        await probe.start()
+        try:
+            _, ends = await true_end_offsets(probe, suspects)
+        except (TimeoutError, KafkaError) as e:
+            log.warning("could not check the end of %s after an assignment: %s", suspects, e)
+            return
+        finally:
+            await probe.stop()
+        for tp in suspects:
+            if starts[tp] > ends[tp]:
+                log.error(
+                    "%s[%d]: this group's position %d is beyond the partition's end %d: the broker lost "
+                    "records it had acknowledged; reading on from %d (records it lost are not recovered)",
+                    tp.topic, tp.partition, starts[tp], ends[tp], ends[tp],
+                )  # fmt: skip
+                self.consumer.seek(tp, ends[tp])
 
 
 def assign_all(consumer: AIOKafkaConsumer, physical: str) -> list[TopicPartition]:
@@ -92,11 +135,14 @@ def assign_all(consumer: AIOKafkaConsumer, physical: str) -> list[TopicPartition
 class SeekOnAssign(PendingOffsets):
     """PendingOffsets that also restores checkpointed positions when a partition is first assigned."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
-        super().__init__(consumer)
+    def __init__(
+        self, consumer: AIOKafkaConsumer, probe: Callable[[], AIOKafkaConsumer] | None = None
+    ) -> None:
+        super().__init__(consumer, probe)
         self.seeks: dict[TopicPartition, int] = {}
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        for tp in assigned:
-            if tp in self.seeks:
-                self.consumer.seek(tp, self.seeks.pop(tp))
+        restored = {tp: self.seeks.pop(tp) for tp in assigned if tp in self.seeks}
+        for tp, offset in restored.items():
+            self.consumer.seek(tp, offset)
+        await self.start_within_the_log(assigned, restored)

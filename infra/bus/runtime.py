@@ -255,7 +255,7 @@ class Bus(TopicReaders):
     ) -> None:
         """Group consumer loop until `shutdown` is set (see the module docstring for the guarantees)."""
         consumer = self._consumer(group)
-        offsets = PendingOffsets(consumer)
+        offsets = PendingOffsets(consumer, probe=lambda: self._consumer(None))
         seen = RecentKeys(self.kafka.dedup_window if idempotency_key is not None else 0)
         consumer.subscribe([self.names.of(t) for t in topics], listener=offsets)
         await consumer.start()
