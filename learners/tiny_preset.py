@@ -102,6 +102,8 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
         rollout_policy = prepare_tiny(rollout_policy_config(model), "policy", workdir)
         parts |= {"rollouts": model.bootstrap_rollouts, "rollout_levels": model.bootstrap_rollout_levels,
                   "rollout_policy": rollout_policy.name, "rollout_draw": bootstrap.ROLLOUT_DRAW}  # fmt: skip
+        if (pool := bootstrap.rollout_pool(domains)) is not None:  # household keeps its cache key
+            parts["rollout_pool"] = pool
     folder = root / f"tiny-{role}-{cache_key(parts)}"
     # finished stages of an interrupted build of this key: a long build (TextWorld's takes hours) resumes
     stages = folder.with_name(f".stages-{folder.name}")
