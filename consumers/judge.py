@@ -36,7 +36,7 @@ import anyio
 
 from algorithm import cure_test_raw
 from envs import judge_prompt, parse_verdict, shared_environment
-from envs.base import Environment
+from envs.base import Environment, UnitTestJudged, judged_by_unit_tests
 from envs.play import label_verdict, step_with_label
 from envs.sandbox import SandboxUnavailable
 from infra.bus import Bus, FatalError, Record
@@ -87,12 +87,12 @@ def judgement(completion: Any, verdict: int, score: float | None = None) -> Judg
 
 
 # --- code domain: unit tests instead of verdicts ----------------------------------------------------
-def code_prompts(env: Environment, trajectory: Trajectory) -> list[str]:
-    return [env.unit_test_prompt(trajectory.task, step.response) for step in trajectory.steps]  # type: ignore[attr-defined]
+def code_prompts(env: UnitTestJudged, trajectory: Trajectory) -> list[str]:
+    return [env.unit_test_prompt(trajectory.task, step.response) for step in trajectory.steps]
 
 
 def code_judgements(
-    env: Environment, trajectory: Trajectory, step_response: str, samples: list[Any]
+    env: UnitTestJudged, trajectory: Trajectory, step_response: str, samples: list[Any]
 ) -> list[Judgement]:
     """Verdict and CURE score of each reward-model generation of unit tests for one step; a test
     written twice is run once (tests run in the sandbox)."""
@@ -101,12 +101,12 @@ def code_judgements(
 
     def check(test: tuple[str, str]) -> tuple[bool, bool]:
         if test not in checked:
-            checked[test] = (env.test_is_correct(task, test), env.program_passes(task, step_response, test))  # type: ignore[attr-defined]
+            checked[test] = (env.test_is_correct(task, test), env.program_passes(task, step_response, test))
         return checked[test]
 
     out = []
     for completion in samples:
-        tests = [tuple(t) for t in env.parse_unit_tests(completion.text)]  # type: ignore[attr-defined]
+        tests = [tuple(t) for t in env.parse_unit_tests(completion.text)]
         results = [check(t) for t in tests]
         valid = [correct for correct, _ in results]
         passes_valid = [passes for correct, passes in results if correct]
@@ -120,10 +120,11 @@ def code_judgements(
 def judge_steps(
     env: Environment, trajectory: Trajectory, completions: list[list[Any]]
 ) -> list[StepJudgement]:
+    tested = judged_by_unit_tests(env)
     out = []
     for step, samples in zip(trajectory.steps, completions, strict=True):
-        if env.judged_by == "unit_tests":
-            judgements = code_judgements(env, trajectory, step.response, samples)
+        if tested is not None:
+            judgements = code_judgements(tested, trajectory, step.response, samples)
         else:
             judgements = [judgement(c, parse_verdict(c.text)) for c in samples]
         out.append(StepJudgement(step_index=step.index, judgements=judgements))
@@ -178,8 +179,8 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     trajectory=trajectory, steps=steps, reward_version=0, judge_id=judge_id
                 )
             backend = serving.backend
-            build = code_prompts if env.judged_by == "unit_tests" else verdict_prompts
-            prompts = build(env, trajectory)
+            tested = judged_by_unit_tests(env)
+            prompts = verdict_prompts(env, trajectory) if tested is None else code_prompts(tested, trajectory)
             version = backend.version
             completions = backend.generate(
                 prompts, n=cfg.m, temperature=model.temperature, max_tokens=cfg.max_new_tokens

@@ -131,3 +131,31 @@ class Environment(Protocol):
     ) -> TaskSpec | None:
         """A pending harder/easier candidate derived from `task`, or None if none exists."""
         ...
+
+
+@runtime_checkable
+class UnitTestJudged(Environment, Protocol):
+    """A domain whose steps the reward model judges by writing unit tests (`judged_by == "unit_tests"`):
+    the test prompt, the parser, and the two checks run in the sandbox."""
+
+    def unit_test_prompt(self, task: TaskSpec, step_response: str = "", n_tests: int = 4) -> str: ...
+
+    def parse_unit_tests(self, text: str) -> list[tuple[str, str]]: ...
+
+    def test_is_correct(self, task: TaskSpec, test: tuple[str, str]) -> bool:
+        """Whether the task's reference solution passes a written test (the test is right)."""
+        ...
+
+    def program_passes(self, task: TaskSpec, response: str, test: tuple[str, str]) -> bool:
+        """Whether the policy's answer passes one written test."""
+        ...
+
+
+def judged_by_unit_tests(env: Environment) -> UnitTestJudged | None:
+    """`env` where the reward model writes unit tests for its steps, None where it gives verdicts; a
+    domain that says unit tests without their methods is a TypeError, not a verdict domain."""
+    if env.judged_by != "unit_tests":
+        return None
+    if not isinstance(env, UnitTestJudged):
+        raise TypeError(f"{type(env).__name__} is judged by unit tests but lacks UnitTestJudged's methods")
+    return env

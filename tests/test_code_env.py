@@ -271,3 +271,19 @@ def test_reward_model_side_methods_used_by_the_judge() -> None:
     prompt = ENV.unit_test_prompt(task, no_abs)
     assert "candidate solution" in prompt and "while n > 0" in prompt
     assert ENV.parse_unit_tests(f"**Test Input:** {good[0]}\n**Test Output:** {good[1]}") == [good]
+
+
+def test_the_judge_finds_the_unit_test_side_through_the_protocol() -> None:
+    """Code is judged by unit tests (the judge writes tests); verdict domains give None; a domain that
+    says unit tests but lacks the methods fails loudly instead of being judged by verdicts."""
+    from envs.base import UnitTestJudged, judged_by_unit_tests
+
+    code = get_environment("code")
+    assert judged_by_unit_tests(code) is code and isinstance(code, UnitTestJudged)
+    assert judged_by_unit_tests(get_environment("household")) is None
+
+    class Claims(type(get_environment("arith"))):  # a verdict domain that says otherwise
+        judged_by = "unit_tests"
+
+    with pytest.raises(TypeError, match="UnitTestJudged"):
+        judged_by_unit_tests(Claims())
