@@ -25,7 +25,7 @@ class BatchConsumer:
         self.group = group
         self.topics = topics
         self._consumer = bus._consumer(group)
-        self._listener = SeekOnAssign(self._consumer, probe=lambda: bus._consumer(None))
+        self._listener = SeekOnAssign(self._consumer, probe=lambda: bus._consumer(None), lost=bus.broker_lost)
 
     async def __aenter__(self) -> BatchConsumer:
         self._consumer.subscribe([self.bus.names.of(t) for t in self.topics], listener=self._listener)

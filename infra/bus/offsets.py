@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -51,10 +51,14 @@ class PendingOffsets(ConsumerRebalanceListener):
     on assignment, never starts a partition beyond its end (see `start_within_the_log`)."""
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, probe: Callable[[], AIOKafkaConsumer] | None = None
+        self,
+        consumer: AIOKafkaConsumer,
+        probe: Callable[[], AIOKafkaConsumer] | None = None,
+        lost: Callable[[TopicPartition, int], Awaitable[None]] | None = None,
     ) -> None:
         self.consumer = consumer
         self.probe = probe  # a new group-less consumer, to read a partition's true end
+        self.lost = lost  # told how many offsets the broker lost under this group's position
         self.pending: dict[TopicPartition, int] = {}
         self.last_commit = time.monotonic()
 
@@ -120,6 +124,8 @@ class PendingOffsets(ConsumerRebalanceListener):
                     tp.topic, tp.partition, starts[tp], ends[tp], ends[tp],
                 )  # fmt: skip
                 self.consumer.seek(tp, ends[tp])
+                if self.lost is not None:
+                    await self.lost(tp, starts[tp] - ends[tp])
 
 
 def assign_all(consumer: AIOKafkaConsumer, physical: str) -> list[TopicPartition]:
@@ -136,9 +142,12 @@ class SeekOnAssign(PendingOffsets):
     """PendingOffsets that also restores checkpointed positions when a partition is first assigned."""
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, probe: Callable[[], AIOKafkaConsumer] | None = None
+        self,
+        consumer: AIOKafkaConsumer,
+        probe: Callable[[], AIOKafkaConsumer] | None = None,
+        lost: Callable[[TopicPartition, int], Awaitable[None]] | None = None,
     ) -> None:
-        super().__init__(consumer, probe)
+        super().__init__(consumer, probe, lost)
         self.seeks: dict[TopicPartition, int] = {}
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import msgspec
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
@@ -46,7 +46,7 @@ class Bus(TopicReaders):
         self.role = role
         self.names = TopicNames(kafka.topic_prefix)
         self.stats = dict.fromkeys(
-            ("sent", "handled", "duplicates", "dead_letters", "retries", "not_ours"), 0
+            ("sent", "handled", "duplicates", "dead_letters", "retries", "not_ours", "offsets_lost"), 0
         )
         self._producer: AIOKafkaProducer | None = None
 
@@ -140,6 +140,14 @@ class Bus(TopicReaders):
             log.warning("metric not delivered: %s", "cancelled" if ack.cancelled() else ack.exception())
         else:
             self.stats["sent"] += 1
+
+    async def broker_lost(self, tp: TopicPartition, offsets: int) -> None:
+        """A group's position was `offsets` beyond a partition's end: the broker lost records it had
+        acknowledged (the consumer reads on from the end). Counted, and metric `bus/offsets_lost`, so
+        a run's report and TensorBoard show it, not only the role's log."""
+        self.stats["offsets_lost"] += offsets
+        topic = self.names.logical(tp.topic)
+        await self.metric("bus/offsets_lost", offsets, topic=topic, partition=str(tp.partition))
 
     async def flush(self) -> None:
         """Wait until every send so far (metrics included) is acked."""
@@ -255,7 +263,7 @@ class Bus(TopicReaders):
     ) -> None:
         """Group consumer loop until `shutdown` is set (see the module docstring for the guarantees)."""
         consumer = self._consumer(group)
-        offsets = PendingOffsets(consumer, probe=lambda: self._consumer(None))
+        offsets = PendingOffsets(consumer, probe=lambda: self._consumer(None), lost=self.broker_lost)
         seen = RecentKeys(self.kafka.dedup_window if idempotency_key is not None else 0)
         consumer.subscribe([self.names.of(t) for t in topics], listener=offsets)
         await consumer.start()
