@@ -252,7 +252,7 @@ class Forge:
             await self.bus.send(TASKS, spec, key=spec.task_id)
             self.view.update(spec)
         if decision.updates:
-            await self._task_gauges()
+            await self.publish_task_gauges()
         event = decision.event
         if event is None:
             return
@@ -262,7 +262,8 @@ class Forge:
         if event.kind in ("accepted", "rejected"):
             await self.bus.metric(f"forge/{event.kind}", 1.0)
 
-    async def _task_gauges(self) -> None:
+    async def publish_task_gauges(self) -> None:
+        """Metrics forge/tasks_active and forge/tasks_pending, after the task view changed."""
         await self.bus.metric("forge/tasks_active", float(self.view.count("active")))
         await self.bus.metric("forge/tasks_pending", float(self.view.count("pending")))
 
@@ -277,7 +278,7 @@ async def running(config: RunConfig) -> AsyncIterator[Forge]:
     async with Bus(config.kafka, role="forge") as bus, anyio.create_task_group() as tg:
         forge = Forge(config, bus)
         await restore_tasks(bus, forge.view)  # know every task before the first decision
-        tg.start_soon(follow_tasks, bus, forge.view, stop_follower, forge._task_gauges)
+        tg.start_soon(follow_tasks, bus, forge.view, stop_follower, forge.publish_task_gauges)
         await forge.app.start()
         try:
             yield forge
