@@ -15,7 +15,8 @@ Afterwards, from the topics (read from the broker's data) and the learners' chec
 - trajectories judged more than once (redeliveries after a kill: expected), and samples trained twice
   (the learners' lineage, policy and reward: must be 0);
 - policy and reward versions published: gap-free from 0 to the newest;
-- the run's newest policy against the preset on held-out tasks (`forgestream eval`, level 4);
+- the run's newest policy against the preset on held-out tasks of the training band (`forgestream eval`,
+  the default `scheduler.seed_difficulty`);
 - restarts per role, and `up`'s exit code (0: no crash loop ended the run).
 Writes benchmarks/results/chaos.json.
 
@@ -37,9 +38,12 @@ from pathlib import Path
 
 import anyio
 
+from schemas.config import SchedulerConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 ROLES = ("actor", "judge", "signals", "forge", "scheduler", "env-model", "policy-learner", "reward-learner")
+BAND = SchedulerConfig().seed_difficulty  # the held-out check's level: the one the run trains on
 
 
 def children(pid: int) -> dict[int, list[str]]:
@@ -79,8 +83,7 @@ async def read_run(bootstrap: str) -> dict:
     return {
         "requests": [(r.value.request_id, r.value.n, r.timestamp_ms / 1000) for r in requests],
         "request_partition": {r.value.request_id: r.partition for r in requests},
-        "trajectories": [(r.value.key, r.timestamp_ms / 1000) for r in trajectories],
-        "trajectory_times": [(r.partition, r.timestamp_ms / 1000) for r in trajectories],
+        "trajectories": [(r.value.key, r.partition, r.timestamp_ms / 1000) for r in trajectories],
         "judged": [r.value.key for r in judged],
         "weights": [(w.value.model, w.value.version) for w in weights],
     }
@@ -90,9 +93,9 @@ def lost_requests(run: dict, settle_s: float, broker_killed_at: float | None = N
     """Settled requests without all their trajectories; of those, the ones the broker lost: sent before
     its kill, their trajectories' partition (keyed by request id, as the requests) kept no record from
     before the kill."""
-    last = max((t for _, t in run["trajectories"]), default=0.0)
+    last = max((t for _, _, t in run["trajectories"]), default=0.0)
     produced: dict[str, set[str]] = {}
-    for key, _ in run["trajectories"]:
+    for key, _, _ in run["trajectories"]:
         request_id, index = key.rsplit("/", 1)
         produced.setdefault(request_id, set()).add(index)
     old = {rid: n for rid, n, t in run["requests"] if t <= last - settle_s}
@@ -100,7 +103,7 @@ def lost_requests(run: dict, settle_s: float, broker_killed_at: float | None = N
     emptied: list[int] = []
     by_broker: list[str] = []
     if broker_killed_at is not None:
-        kept = {p for p, t in run["trajectory_times"] if t < broker_killed_at}
+        kept = {p for _, p, t in run["trajectories"] if t < broker_killed_at}
         sent_at = {rid: t for rid, _, t in run["requests"]}
         by_broker = [
             rid
@@ -134,10 +137,10 @@ def trained_twice(workdir: Path) -> dict:
 
 def evaluate(workdir: Path, policy: str, env: dict[str, str]) -> float:
     out = workdir / f"eval-{policy}.json"
-    subprocess.run([sys.executable, "-m", "app.cli", "eval", "--policy", policy, "--levels", "4", "--tasks", "40",
+    subprocess.run([sys.executable, "-m", "app.cli", "eval", "--policy", policy, "--levels", str(BAND), "--tasks", "40",
                     "--modes", "sampled", "--seed", "0", "--json", str(out), "--workdir", str(workdir)],
                    cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
-    return json.loads(out.read_text())["policy_results"]["sampled"]["4"]["success"]
+    return json.loads(out.read_text())["policy_results"]["sampled"][str(BAND)]["success"]
 
 
 def main() -> None:
@@ -210,11 +213,12 @@ def main() -> None:
         "machine": "2 cores, no GPU", "minutes": args.minutes, "chaos_minutes": args.chaos_minutes,
         "every_s": args.every_s, "kills": kills, "up_exit_code": up_code, "restarts": restarts(workdir),
         "rollout_requests": lost_requests(run, args.settle_s, broker_killed_at),
-        "trajectories": len({k for k, _ in run["trajectories"]}),
+        "trajectories": len({k for k, _, _ in run["trajectories"]}),
         "judged_more_than_once": sum(1 for n in judged.values() if n > 1),
         "samples_trained_twice": trained_twice(workdir),
         "policy_versions": versions(run, "policy"), "reward_versions": versions(run, "reward"),
-        "heldout_level4": {"preset": evaluate(workdir, "preset", env), "latest": evaluate(workdir, "latest", env)},
+        "heldout": {"level": BAND, "preset": evaluate(workdir, "preset", env),
+                    "latest": evaluate(workdir, "latest", env)},  # fmt: skip
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -11,8 +11,7 @@ def test_lost_requests_tell_the_brokers_losses_from_the_roles() -> None:
         "request_partition": {"r0": 0, "r1": 1, "r2": 0, "late": 1},
         # r0's trajectories went to partition 0, which kept nothing from before t = 50; r1 lost one
         # trajectory though partition 1 kept its earlier records (a role's loss); r2 came after the kill
-        "trajectories": [("r1/0", 20.0), ("r2/0", 70.0), ("r2/1", 71.0), ("late/0", 300.0)],
-        "trajectory_times": [(1, 20.0), (0, 70.0), (0, 71.0), (1, 300.0)],
+        "trajectories": [("r1/0", 1, 20.0), ("r2/0", 0, 70.0), ("r2/1", 0, 71.0), ("late/0", 1, 300.0)],
     }
     counted = lost_requests(run, settle_s=100.0, broker_killed_at=50.0)
     assert counted["settled_requests"] == 3 and counted["lost_ids"] == ["r0", "r1"]  # "late": too recent
