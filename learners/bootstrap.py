@@ -63,7 +63,8 @@ def _training_task(env: Any, level: int, rng: random.Random, *, unseen: bool = F
     games = getattr(env, "bootstrap_games", 0)
     if not games:
         return env.sample_task(level, training_rng(rng))
-    return env.sample_task(level, random.Random(games * unseen + rng.randrange(games)))
+    first = games if unseen else 0
+    return env.sample_task(level, random.Random(first + rng.randrange(games)))
 
 
 def rollout_pool(domains: list[str]) -> str | None:
