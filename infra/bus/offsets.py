@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -141,13 +142,8 @@ def assign_all(consumer: AIOKafkaConsumer, physical: str) -> list[TopicPartition
 class SeekOnAssign(PendingOffsets):
     """PendingOffsets that also restores checkpointed positions when a partition is first assigned."""
 
-    def __init__(
-        self,
-        consumer: AIOKafkaConsumer,
-        probe: Callable[[], AIOKafkaConsumer] | None = None,
-        lost: Callable[[TopicPartition, int], Awaitable[None]] | None = None,
-    ) -> None:
-        super().__init__(consumer, probe, lost)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # PendingOffsets' arguments
+        super().__init__(*args, **kwargs)
         self.seeks: dict[TopicPartition, int] = {}
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
