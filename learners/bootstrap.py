@@ -56,15 +56,39 @@ def available_environments(
     return out
 
 
-def _training_task(env: Any, level: int, rng: random.Random, *, unseen: bool = False) -> Any:
+def _training_task(
+    env: Any, level: int, rng: random.Random, *, unseen: bool = False, dagger_round: int | None = None
+) -> Any:
     """A training task of `level`. An env whose tasks are costly to build (TextWorld: a game is seconds
-    of the engine's generator) names `bootstrap_games`: its bootstrap draws from that many per level,
-    and with `unseen` from a second pool as large that the policy preset never trains on."""
+    of the engine's generator) names `bootstrap_games`: its bootstrap draws from the games of that many
+    seeds per level (DAgger round `dagger_round`: of `dagger_pool`'s), and with `unseen` from as many
+    seeds past every pool the policy preset trains on."""
     games = getattr(env, "bootstrap_games", 0)
     if not games:
         return env.sample_task(level, training_rng(rng))
-    first = games if unseen else 0
-    return env.sample_task(level, random.Random(first + rng.randrange(games)))
+    first = max(games, *getattr(env, "dagger_games", ())) if unseen else 0
+    drawn = dagger_pool(env, dagger_round) if dagger_round is not None and not unseen else games
+    return env.sample_task(level, random.Random(first + rng.randrange(drawn)))
+
+
+def dagger_pool(env: Any, dagger_round: int) -> int:
+    """Games per level DAgger round `dagger_round` draws from: the env's `dagger_games` entry for it
+    (the last one past its end), else the demonstrations' pool (0: no pool)."""
+    widths = getattr(env, "dagger_games", ())
+    return widths[min(dagger_round, len(widths) - 1)] if widths else getattr(env, "bootstrap_games", 0)
+
+
+def dagger_pools(domains: list[str]) -> dict[str, tuple[int, ...]]:
+    """domain -> `dagger_games` of the domains whose DAgger rounds widen their pool (part of the policy
+    preset's key there; household has none and keeps its key)."""
+    envs_by_domain = available_environments(domains)
+    return {d: tuple(e.dagger_games) for d, e in envs_by_domain.items() if getattr(e, "dagger_games", ())}
+
+
+def dagger_rounds(domains: list[str]) -> int:
+    """The policy preset's DAgger rounds where the config leaves it to the domains: one per entry of
+    the longest `dagger_games`, else one."""
+    return max((len(games) for games in dagger_pools(domains).values()), default=1)
 
 
 def rollout_pool(domains: list[str]) -> str | None:
@@ -79,8 +103,8 @@ def _bootstrap_levels(env: Any) -> list[int]:
     return list(getattr(env, "bootstrap_levels", range(env.levels)))
 
 
-def _task(env: Any, rng: random.Random) -> Any:
-    return _training_task(env, rng.choice(_bootstrap_levels(env)), rng)
+def _task(env: Any, rng: random.Random, dagger_round: int | None = None) -> Any:
+    return _training_task(env, rng.choice(_bootstrap_levels(env)), rng, dagger_round=dagger_round)
 
 
 def _oracle_walk(env: Any, task: Any) -> Iterator[tuple[Any, int, str]]:
@@ -144,8 +168,11 @@ def _walk(env: Any, task: Any, rng: random.Random) -> Iterator[tuple[Any, list[s
         history.append(response)
 
 
-def policy_pairs(domains: list[str], *, seed: int, expert: str = "omniscient") -> Iterator[tuple[str, str]]:
-    """Endless (prompt, expert response) pairs, tasks drawn uniformly over domains and difficulties."""
+def policy_pairs(
+    domains: list[str], *, seed: int, expert: str = "omniscient", dagger_round: int | None = None
+) -> Iterator[tuple[str, str]]:
+    """Endless (prompt, expert response) pairs, tasks drawn uniformly over domains and difficulties
+    (for DAgger round `dagger_round`: from its pool, where a domain's rounds widen it)."""
     envs_by_domain = available_environments(domains, expert=expert)
     if not envs_by_domain:
         raise RuntimeError(f"no bootstrap domain available among {domains}")
@@ -153,7 +180,8 @@ def policy_pairs(domains: list[str], *, seed: int, expert: str = "omniscient") -
     names = sorted(envs_by_domain)
     while True:
         env = envs_by_domain[rng.choice(names)]
-        pairs = [(episode.prompt(), response) for episode, _, response in _walk(env, _task(env, rng), rng)]
+        task = _task(env, rng, dagger_round)
+        pairs = [(episode.prompt(), response) for episode, _, response in _walk(env, task, rng)]
         # a few states per episode: every level weighs about the same, not in proportion to its length
         yield from rng.sample(pairs, min(len(pairs), PAIRS_PER_EPISODE))
 
@@ -206,6 +234,7 @@ def _play_training(
     expert: bool = False,
     expert_mode: str = "omniscient",
     unseen: bool = False,
+    dagger_round: int | None = None,
 ) -> Iterator[Any]:
     """The episodes (`envs.play.PlayedEpisode`) `backend` plays on `episodes` training tasks of the
     `domains` whose environment has the attribute `needs`, drawn uniformly from `levels` (those the
@@ -224,7 +253,8 @@ def _play_training(
         allowed = _bootstrap_levels(env)
         band = [level for level in levels if level in allowed] or [allowed[-1]]
         count = min(ROLLOUT_PARALLEL, episodes - start)
-        tasks = [_training_task(env, rng.choice(band), rng, unseen=unseen) for _ in range(count)]
+        tasks = [_training_task(env, rng.choice(band), rng, unseen=unseen, dagger_round=dagger_round)
+                 for _ in range(count)]  # fmt: skip
         yield from play_tasks(backend, env, tasks, temperature=temperature, max_tokens=max_tokens,
                               max_steps=max_steps, seed=seed + start * max_steps, expert=expert)  # fmt: skip
 
@@ -280,13 +310,14 @@ def visited_state_pairs(
     max_tokens: int,
     max_steps: int = 40,
     expert: str = "omniscient",
+    dagger_round: int | None = None,
 ) -> list[tuple[str, str]]:
-    """(prompt, expert response) in every state `backend` reached on `episodes` training tasks, for the
-    domains that have `expert_response` (in the `expert` mode where the domain has modes); the others
-    give none."""
+    """(prompt, expert response) in every state `backend` reached on `episodes` training tasks (of DAgger
+    round `dagger_round`'s pool, where a domain's rounds widen it), for the domains that have
+    `expert_response` (in the `expert` mode where the domain has modes); the others give none."""
     played = _play_training(backend, domains, needs="expert_response", episodes=episodes, levels=levels,
                             seed=seed, temperature=temperature, max_tokens=max_tokens, max_steps=max_steps,
-                            expert=True, expert_mode=expert)  # fmt: skip
+                            expert=True, expert_mode=expert, dagger_round=dagger_round)  # fmt: skip
     pairs = [(s.prompt, s.expert) for e in played for s in e.steps if s.prompt is not None and s.expert]
     log.info("dagger: %d labelled states from %d episodes", len(pairs), episodes)
     return pairs

@@ -60,9 +60,19 @@ def sft_steps(model: ModelConfig) -> int:
     return max(1, round(model.bootstrap_sft_seconds / REFERENCE_STEP_S))
 
 
+def dagger_rounds(model: ModelConfig) -> int:
+    """The policy preset's DAgger rounds: the config's, or where it leaves them to the domains, theirs
+    (TextWorld 2, one per pool it widens to; household 1)."""
+    from learners import bootstrap
+
+    if model.bootstrap_dagger_rounds is not None:
+        return model.bootstrap_dagger_rounds
+    return bootstrap.dagger_rounds(sorted(set(model.bootstrap_domains)))
+
+
 def dagger_steps(model: ModelConfig) -> int:
     """SFT steps of each DAgger round of the policy preset (0: no rounds)."""
-    if model.bootstrap_dagger_rounds == 0:
+    if dagger_rounds(model) == 0:
         return 0
     from learners import bootstrap
 
@@ -87,9 +97,11 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     parts = {"preset": "tiny", "role": role, "arch": tiny_arch(model), "seed": model.seed,
              "steps": sft_steps(model), "domains": domains, "data": data, "recipe": BUILD_RECIPE}  # fmt: skip
     if role == "policy" and dagger_steps(model) > 0:
-        parts["dagger"] = {"rounds": model.bootstrap_dagger_rounds, "levels": model.bootstrap_dagger_levels,
+        parts["dagger"] = {"rounds": dagger_rounds(model), "levels": model.bootstrap_dagger_levels,
                            "steps": dagger_steps(model), "episodes": dagger_episodes(model),
                            "own_share": bootstrap.DAGGER_OWN_SHARE, "lr": bootstrap.DAGGER_LR}  # fmt: skip
+        if pools := bootstrap.dagger_pools(domains):  # household keeps its cache key
+            parts["dagger"]["games"] = pools
     if role == "policy" and model.bootstrap_expert != "omniscient":  # the default keeps its cache key
         parts["expert"] = model.bootstrap_expert
     if model.bootstrap_prompt_loss:
@@ -223,7 +235,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
     tokenizer.save_pretrained(str(out))
     if role == "policy" and dagger_steps(model) > 0:
         rounds = []
-        for r in range(model.bootstrap_dagger_rounds):
+        for r in range(dagger_rounds(model)):
             rounds.append(_stage(stages, f"dagger-{r}", resumed,
                                  lambda r=r: _dagger_round(net, tokenizer, model, domains, out, r), net))  # fmt: skip
             net.save_pretrained(str(out))  # the next round plays these weights
@@ -267,7 +279,8 @@ def _stage(stages: Path, name: str, resumed: list[str], run: Callable[[], dict[s
 
 def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[str], out: Path,
                   round_index: int) -> dict[str, object]:  # fmt: skip
-    """One DAgger round on the policy saved in `out`: play, label with the expert, train `net`."""
+    """DAgger round `round_index` on the policy saved in `out`: play, label with the expert, train `net`
+    (on the round's pool of games, where a domain's rounds widen it)."""
     from infra.models.hf_backend import HFBackend
     from learners import bootstrap
 
@@ -275,11 +288,14 @@ def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[st
     own = bootstrap.visited_state_pairs(
         HFBackend(out), domains, episodes=dagger_episodes(model), levels=model.bootstrap_dagger_levels,
         seed=seed, temperature=model.temperature, max_tokens=model.max_new_tokens, expert=model.bootstrap_expert,
+        dagger_round=round_index,
     )  # fmt: skip
     if not own:  # no domain with an expert to ask
         return {"states": 0}
-    pairs = bootstrap.mixed_pairs(own, bootstrap.policy_pairs(domains, seed=seed, expert=model.bootstrap_expert),
-                                  own_share=bootstrap.DAGGER_OWN_SHARE, seed=seed)  # fmt: skip
+    demonstrations = bootstrap.policy_pairs(
+        domains, seed=seed, expert=model.bootstrap_expert, dagger_round=round_index
+    )
+    pairs = bootstrap.mixed_pairs(own, demonstrations, own_share=bootstrap.DAGGER_OWN_SHARE, seed=seed)
     report = bootstrap.sft(
         net,
         tokenizer,

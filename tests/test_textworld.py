@@ -180,10 +180,54 @@ def test_reward_rollouts_play_games_the_policy_preset_never_trained_on() -> None
     env, rng = TextWorldEnv(), random.Random(0)
     seen = {_training_task(env, 4, rng).signature for _ in range(500)}
     unseen = {_training_task(env, 4, rng, unseen=True).signature for _ in range(500)}
+    wide = {_training_task(env, 4, rng, dagger_round=1).signature for _ in range(2000)}
     assert len(seen) == len(unseen) == TextWorldEnv.bootstrap_games
-    assert not seen & unseen
+    assert not (seen | wide) & unseen  # past every pool the policy preset trains on, DAgger's included
     assert rollout_pool(["textworld"]) == "unseen"
     assert rollout_pool(["household"]) is None  # every household task is new: its preset key is unchanged
+
+
+def test_the_second_dagger_round_widens_the_pool_to_games_the_sft_never_saw(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TextWorld's policy preset memorizes its SFT pool; a second DAgger round on 64 games per rung
+    (the 16 plus 48 new) won 39 of 60 held-out games where one on its own 16 won 13. Round 0 keeps the
+    SFT's pool, round 1 and later draw from 64, played tasks and mixed-in demonstrations alike; the
+    preset gets one round per pool, and household (no pool) keeps one round and its key."""
+    import itertools
+
+    from learners import bootstrap, tiny_preset
+    from learners.bootstrap import _training_task, dagger_pool, dagger_pools, dagger_rounds
+    from schemas.config import ModelConfig
+
+    env, rng = TextWorldEnv(), random.Random(0)
+    first = {_training_task(env, 4, rng, dagger_round=0).signature for _ in range(500)}
+    assert first == {_training_task(env, 4, rng).signature for _ in range(500)}
+    later = {_training_task(env, 4, rng, dagger_round=r).signature for r in (1, 5) for _ in range(2000)}
+    assert len(later) == 64 and first < later
+    assert [dagger_pool(env, r) for r in range(3)] == [16, 64, 64]
+    assert dagger_pool(get_environment("household"), 0) == 0
+    assert dagger_pools(["textworld"]) == {"textworld": (16, 64)} and dagger_pools(["household"]) == {}
+    assert dagger_rounds(["textworld"]) == 2 and dagger_rounds(["household"]) == 1
+    assert tiny_preset.dagger_rounds(ModelConfig(bootstrap_domains=("textworld",))) == 2
+    assert (
+        tiny_preset.dagger_rounds(ModelConfig(bootstrap_domains=("textworld",), bootstrap_dagger_rounds=1))
+        == 1
+    )
+
+    class Drawn:  # the task a demonstration walk was asked for, without generating its game
+        def __init__(self, task: object) -> None:
+            self.task = task
+
+        def prompt(self) -> str:
+            return self.task.signature
+
+    def draws(dagger_round: int | None) -> set[str]:
+        pairs = bootstrap.policy_pairs(["textworld"], seed=1, dagger_round=dagger_round)
+        return {prompt for prompt, _ in itertools.islice(pairs, 3000)}
+
+    monkeypatch.setattr(bootstrap, "_walk", lambda env, task, rng: [(Drawn(task), 0, "look")])
+    assert len(draws(None)) == 80 and len(draws(1)) == 320  # 5 rungs: the round's demonstrations widen too
 
 
 def test_custom_games_are_their_own_domain_with_oracle_labels_and_variants(
