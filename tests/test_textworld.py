@@ -15,7 +15,15 @@ import pytest
 pytest.importorskip("textworld")
 
 from envs import get_environment  # noqa: E402
-from envs.textworld.env import CUSTOM_LADDER, GO_STEPS, LADDER, TextWorldCustomEnv, TextWorldEnv  # noqa: E402
+from envs.textworld.env import (  # noqa: E402
+    COOKBOOK,
+    CUSTOM_LADDER,
+    GO_STEPS,
+    LADDER,
+    TextWorldCustomEnv,
+    TextWorldEnv,
+    recipe_of,
+)
 from envs.textworld.games import COOKING_KNOBS, CUSTOM_KNOBS, GameGenerationError, game_file  # noqa: E402
 from schemas.events import CriticFeedback  # noqa: E402
 
@@ -107,6 +115,47 @@ def test_the_walkthrough_wins_and_labels_steps(monkeypatch: pytest.MonkeyPatch, 
     result = lost.step("no box here")
     assert not result.valid_action and lost.actions_taken == [None]
     assert "Actions:\n0: " in lost.judge_context(1) and "1. invalid" in lost.judge_context(1)
+
+
+def test_the_recipe_is_read_from_the_cookbook_and_remembered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The recipe is only in the cookbook: the expert reads it first, reading it is progress once, and
+    every later prompt and judge context carries it (the walkthrough never reads it, and a prompt that
+    forgot it left the policy guessing the ingredients)."""
+    monkeypatch.setenv("FORGESTREAM_HOME", str(tmp_path))
+    env = get_environment("textworld")
+    task = env.sample_task(0, random.Random(3))
+    episode = env.reset(task)
+    assert "Recipe:" not in episode.prompt() and COOKBOOK in episode.admissible()
+    assert COOKBOOK not in episode.view.walkthrough
+    assert env.oracle(task)[0] == f"\\boxed{{ {COOKBOOK}}}" == env.expert_response(episode)
+    assert env.step_is_progress(task, [], f"\\boxed{{{COOKBOOK}}}")
+    assert not env.step_is_progress(
+        task, [f"\\boxed{{{COOKBOOK}}}"], f"\\boxed{{{COOKBOOK}}}"
+    )  # read already
+    episode.step(f"\\boxed{{{COOKBOOK}}}")
+    recipe = episode.view.recipe
+    taken = episode.view.walkthrough[0].removeprefix("take ").split(" from ")[0]
+    assert recipe.startswith(f"ingredients {taken}") and recipe.endswith("prepare meal")
+    episode.step("no box here")  # an invalid turn keeps it
+    episode.step(env.expert_response(episode))
+    assert episode.actions_taken[1] is None and f"Recipe: {recipe}." in episode.prompt()
+    assert f"Recipe: {recipe}." in episode.judge_context(3) and "Recipe:" not in episode.judge_context(0)
+
+
+def test_the_recipe_line_lists_ingredients_then_directions() -> None:
+    page = (
+        'You open the copy of "Cooking: A Modern Approach (3rd Ed.)" and start reading:\n\nRecipe #1\n'
+        "---------\nGather all following ingredients and follow the directions to prepare this tasty "
+        "meal.\n\nIngredients:\n  red potato\n  yellow onion\n\nDirections:\n  dice the red potato\n"
+        "  prepare meal"
+    )
+    assert (
+        recipe_of(page)
+        == "ingredients red potato, yellow onion; directions dice the red potato, prepare meal"
+    )
+    assert recipe_of("The fridge is empty.") == ""
 
 
 def test_generation_failure_is_a_clear_error(tmp_path: Path) -> None:

@@ -11,9 +11,11 @@ verbs, which only repeat what the prompt shows; the cookbook stays); it answers 
 (or its number) as in household, so the same presets serve. Outcome +1 iff the game is won within
 `max_steps` turns; lost or out of turns is -1.
 
-The engine's own walkthrough from the current state (`policy_commands`) is the oracle, the expert of
-bootstrap SFT, and the step label: a step is progress when the walkthrough from the new state is
-shorter than from the old one.
+The recipe is only in the cookbook: once read, every later prompt carries it (`Recipe: ...`), as a player
+remembers it; before, the ingredients can only be guessed. The expert (of bootstrap SFT and DAgger, and
+the oracle) reads the cookbook as soon as it is listed, then follows the engine's own walkthrough from
+the current state (`policy_commands`), which knows the recipe and never reads it. A step is progress
+when it wins, shortens the walkthrough, or reads the recipe for the first time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ INVALID = "Invalid answer: reply with \\boxed{action} naming a listed command."
 JUDGE_HISTORY = 8
 MAX_STEPS = 40
 GO_STEPS = (1, 6, 9, 12)  # the engine's room counts
+COOKBOOK = "examine cookbook"
 
 # The difficulty ladder: each rung is the one before with one or two knobs tightened (README: random-valid
 # and bootstrap success per rung).
@@ -95,17 +98,30 @@ def clean(text: str) -> str:
 
 
 def shown_commands(admissible: list[str]) -> list[str]:
-    keep = [
-        c
-        for c in admissible
-        if not c.startswith(("look", "inventory", "examine ")) or c == "examine cookbook"
-    ]
+    keep = [c for c in admissible if not c.startswith(("look", "inventory", "examine ")) or c == COOKBOOK]
     return sorted(set(keep))
 
 
 def made_progress(before: View, after: View) -> bool:
-    """A valid step from `before` to `after` is progress iff it wins or shortens the walkthrough."""
-    return after.won or len(after.walkthrough) < len(before.walkthrough)
+    """A valid step from `before` to `after` is progress iff it wins, shortens the walkthrough or reads
+    the recipe for the first time."""
+    return (
+        after.won
+        or len(after.walkthrough) < len(before.walkthrough)
+        or bool(after.recipe and not before.recipe)
+    )
+
+
+def recipe_of(text: str) -> str:
+    """The cookbook's recipe in one line (`ingredients a, b; directions slice a, prepare meal`), or ""
+    when `text` is not the cookbook's page."""
+    found = re.search(r"Ingredients:(.*?)Directions:(.*)", text, re.S)
+    if found is None:
+        return ""
+    ingredients, directions = (
+        [line.strip() for line in part.splitlines() if line.strip()] for part in found.groups()
+    )
+    return f"ingredients {', '.join(ingredients)}; directions {', '.join(directions)}"
 
 
 def knobs_of(params: dict[str, Any]) -> dict[str, Any]:
@@ -123,15 +139,17 @@ class View:
     walkthrough: list[str]
     won: bool
     lost: bool
+    recipe: str = ""  # the cookbook's recipe once the episode has read it
 
     @classmethod
-    def of(cls, state: Any) -> View:
+    def of(cls, state: Any, recipe: str = "") -> View:
         return cls(clean(state.description or ""), clean(state.inventory or ""),
                    shown_commands(list(state.admissible_commands or [])),
-                   list(state.policy_commands or []), bool(state.won), bool(state.lost))  # fmt: skip
+                   list(state.policy_commands or []), bool(state.won), bool(state.lost), recipe)  # fmt: skip
 
     def render(self) -> str:
-        return f"{self.description}\n{self.inventory}"
+        recipe = f"\nRecipe: {self.recipe}." if self.recipe else ""
+        return f"{self.description}\n{self.inventory}{recipe}"
 
     def numbered(self) -> str:
         return "\n".join(f"{i}: {c}" for i, c in enumerate(self.commands))
@@ -188,7 +206,7 @@ class TextWorldEpisode:
         command = commands[index]
         state, _, _ = self._game.step(command)
         said = clean(state.feedback or "")
-        view = View.of(state)
+        view = View.of(state, self.view.recipe or recipe_of(said))
         if view.won:
             said += " Task done."
         self.actions_taken.append(command)
@@ -290,12 +308,14 @@ class TextWorldEnv:
         return answers
 
     def expert_response(self, episode: TextWorldEpisode) -> str | None:
-        """The walkthrough's next command from the current state, as an answer (None if done or it is
-        not among the listed commands)."""
+        """Reading the cookbook where it is listed and unread, else the walkthrough's next command from
+        the current state, as an answer (None if done or it is not among the listed commands)."""
         view = episode.view
-        if episode.done or not view.walkthrough or view.walkthrough[0] not in view.commands:
+        if episode.done or not view.walkthrough:
             return None
-        return boxed(view.walkthrough[0])
+        if not view.recipe and COOKBOOK in view.commands:
+            return boxed(COOKBOOK)
+        return boxed(view.walkthrough[0]) if view.walkthrough[0] in view.commands else None
 
     def signature(self, task: TaskSpec) -> str:
         return game_key(knobs_of(task.params), task.seed)
