@@ -288,6 +288,8 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                 procs.append(RoleProcess(role, i, log_path, ranks=ranks.get(role, 1)))
 
         progress = Progress()
+        # The progress readers stop after the roles: the summary then holds what they wrote while stopping.
+        followed = anyio.Event()
         async with Bus(kafka, role="up") as bus, anyio.create_task_group() as tg:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -296,7 +298,7 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
             )  # `tensorboard --logdir <workdir>/tensorboard`
 
             async def follow(topic: str) -> None:
-                async for record in bus.follow_topic(topic, shutdown=shutdown):
+                async for record in bus.follow_topic(topic, shutdown=followed, drain_s=30.0):
                     t = record.timestamp_ms / 1000.0
                     progress.apply(record.topic, record.value, t)
                     if record.topic == METRICS:  # every role's metrics, by name, against wall time
@@ -380,8 +382,9 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                 with anyio.CancelScope(shield=True):
                     await _stop(procs, options.grace_s)
                 shutdown.set()
-                tg.cancel_scope.cancel()
-                board.close()
+                followed.set()  # each reader reads on to the topic's end, then the task group ends
+                tg.cancel_scope.deadline = anyio.current_time() + 60.0
+        board.close()
 
         from app.report import write_report
 

@@ -365,6 +365,22 @@ async def test_follow_topic_sees_old_and_new_records(kafka_config: KafkaConfig) 
         assert seen == [0.0, 1.0]
 
 
+async def test_follow_topic_reads_to_the_end_after_the_stop_when_asked(kafka_config: KafkaConfig) -> None:
+    # `up` folds the progress topics with it: records written while the roles stop (or not yet fetched when
+    # the stop came) still reach the run's summary
+    async with Bus(kafka_config, role="test") as bus:
+        await bus.send_many(T.METRICS, [("k", metric(i)) for i in range(3)])
+        stopped = anyio.Event()
+        stopped.set()
+        with anyio.fail_after(30):
+            drained = [
+                r.value.value async for r in bus.follow_topic(T.METRICS, shutdown=stopped, drain_s=10.0)
+            ]
+            plain = [r.value.value async for r in bus.follow_topic(T.METRICS, shutdown=stopped)]
+        assert drained == [0.0, 1.0, 2.0]
+        assert plain == []
+
+
 async def test_batch_consumer_commit_and_seek(kafka_config: KafkaConfig) -> None:
     async with Bus(kafka_config, role="test") as bus:
         await bus.send_many(

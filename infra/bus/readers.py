@@ -11,7 +11,8 @@ from typing import Any
 
 import anyio
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import ConsumerRecord
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from infra.bus.client import consumer_options, fetch_or_shutdown
 from infra.bus.offsets import assign_all, true_end_offsets
@@ -72,37 +73,52 @@ class TopicReaders:
         try:
             tps = assign_all(consumer, physical)
             begins, ends = await true_end_offsets(consumer, tps, timeout_s=stall_timeout_s)
-            targets = {tp: ends[tp] for tp in tps if ends[tp] > begins[tp]}
-            consumer.resume(*tps)
-            for tp in targets:
-                consumer.seek(tp, begins[tp])
-            deadline = time.monotonic() + stall_timeout_s
-            while targets:
-                batch = await consumer.getmany(*targets, timeout_ms=500, max_records=10_000)
-                if batch:
-                    deadline = time.monotonic() + stall_timeout_s
-                for tp, raws in batch.items():
-                    for raw in raws:
-                        if raw.offset >= targets.get(tp, 0):
-                            break  # written after this call started
-                        record = self._decode_or_skip(raw)
-                        if record is not None:
-                            yield record
-                for tp in list(targets):
-                    if await consumer.position(tp) >= targets[tp]:
-                        del targets[tp]
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"iter_topic({physical}) made no progress towards the end of {sorted(targets)}"
-                    )
+            async for record in self._read_up_to(consumer, begins, ends, stall_timeout_s):
+                yield record
         finally:
             with anyio.CancelScope(shield=True):
                 await consumer.stop()
 
+    async def _read_up_to(
+        self,
+        consumer: AIOKafkaConsumer,
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+        stall_timeout_s: float,
+    ) -> AsyncIterator[Record[Any]]:
+        """Each partition's records from `starts` up to (not including) `ends`, then stop.
+
+        TimeoutError if no progress is made for `stall_timeout_s`."""
+        targets = {tp: ends[tp] for tp in starts if ends[tp] > starts[tp]}
+        consumer.resume(*starts)
+        for tp in targets:
+            consumer.seek(tp, starts[tp])
+        deadline = time.monotonic() + stall_timeout_s
+        while targets:
+            batch = await consumer.getmany(*targets, timeout_ms=500, max_records=10_000)
+            if batch:
+                deadline = time.monotonic() + stall_timeout_s
+            for tp, raws in batch.items():
+                for raw in raws:
+                    if raw.offset >= targets.get(tp, 0):
+                        break  # written after the end was taken
+                    record = self._decode_or_skip(raw)
+                    if record is not None:
+                        yield record
+            for tp in list(targets):
+                if await consumer.position(tp) >= targets[tp]:
+                    del targets[tp]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"made no progress towards the end of {sorted(targets)}")
+
     async def follow_topic(
-        self, topic: Topic[E], *, shutdown: anyio.Event | None = None
+        self, topic: Topic[E], *, shutdown: anyio.Event | None = None, drain_s: float = 0.0
     ) -> AsyncIterator[Record[E]]:
-        """Every record from the beginning, then new ones as they arrive, until `shutdown` is set."""
+        """Every record from the beginning, then new ones as they arrive, until `shutdown` is set.
+
+        With `drain_s` > 0 it then reads on to the end of the topic as of the stop (giving up after
+        `drain_s` without progress), so a caller that folds the topic misses nothing written before it.
+        """
         physical = self.names.of(topic)
         wait_ms = int(self.kafka.follow_wait_s * 1000)
         consumer = AIOKafkaConsumer(**(consumer_options(self.kafka, None) | {"fetch_max_wait_ms": wait_ms}))
@@ -117,6 +133,14 @@ class TopicReaders:
                         record = self._decode_or_skip(raw)
                         if record is not None:
                             yield record
+            if drain_s > 0:
+                at = {tp: await consumer.position(tp) for tp in tps}
+                try:
+                    _, ends = await true_end_offsets(consumer, tps, timeout_s=drain_s)
+                    async for record in self._read_up_to(consumer, at, ends, drain_s):
+                        yield record
+                except (TimeoutError, KafkaError) as e:  # the broker is gone: fold what was read
+                    log.warning("follow_topic(%s) stops short of the end: %s", physical, e)
         finally:
             with anyio.CancelScope(shield=True):
                 await consumer.stop()
