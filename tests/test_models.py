@@ -233,6 +233,21 @@ def test_concurrent_processes_build_a_preset_once(tmp_path):
     assert len(builds) == 1 and not list((tmp_path / "presets").glob(".tmp-*"))
 
 
+def test_a_build_clears_the_staging_a_killed_build_left(tmp_path):
+    from infra.models.presets import build_once
+
+    dead = tmp_path / ".tmp-tiny-policy-k-0123abcd"  # a build of this folder killed mid-way
+    other = tmp_path / ".tmp-tiny-policy-kk-4567ef01"  # another folder's, maybe building now
+    for leftover in (dead, other):
+        leftover.mkdir()
+        (leftover / "model.safetensors").write_bytes(b"half")
+    folder = build_once(
+        tmp_path / "tiny-policy-k", lambda out: (out / "model.safetensors").write_bytes(b"whole")
+    )
+    assert (folder / "model.safetensors").read_bytes() == b"whole"
+    assert not dead.exists() and (other / "model.safetensors").is_file()
+
+
 def test_an_interrupted_build_resumes_from_its_last_finished_stage(tmp_path, monkeypatch):
     """A build that dies in its DAgger round keeps its SFT: the next build trains only the round and
     ends with the weights of a build that was never interrupted."""

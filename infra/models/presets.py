@@ -120,6 +120,10 @@ def build_once(folder: Path, build: Callable[[Path], None]) -> Path:
     with _file_lock(folder.with_name(folder.name + ".lock")):
         if (folder / COMPLETE).exists():
             return folder
+        # a build killed before its `finally` left its staging behind; only a lock holder stages, so
+        # every such folder now is a dead build's (a SmolLM2 conversion leaves 0.5 GB)
+        for leftover in folder.parent.glob(f".tmp-{folder.name}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         staging = folder.with_name(f".tmp-{folder.name}-{uuid.uuid4().hex[:8]}")
         staging.mkdir(parents=True)
         try:
