@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import shutil
 import uuid
 from collections.abc import Callable
@@ -122,6 +123,19 @@ def prepare_tiny(model: ModelConfig, role: Role, workdir: Path) -> Path:
     build_once(folder, lambda out: _build_tiny(model, role, out, root, rollout_policy, stages))
     shutil.rmtree(stages, ignore_errors=True)
     return folder
+
+
+def _processor() -> str:
+    """The processor's name, family and model, recorded beside the instruction set: two builds of one
+    key on one instruction set can still differ between machines, and this tells them apart."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    name = fields.get("model name", platform.processor())
+    return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def data_fingerprint(domains: list[str], root: Path) -> str:
@@ -247,7 +261,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
                                             levels=model.bootstrap_dagger_levels, max_tokens=model.max_new_tokens)  # fmt: skip
     # the kernels' instruction set decides the float rounding, and so the weights (the Makefile pins it)
     report = {"role": role, "build_id": uuid.uuid4().hex, "vocab": len(tokenizer),
-              "cpu_capability": torch.backends.cpu.get_cpu_capability(), **report, **data,
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": _processor(), **report, **data,
               "resumed_stages": resumed}  # fmt: skip
     (out / "bootstrap.json").write_text(json.dumps(report, indent=1))
 

@@ -96,6 +96,7 @@ def test_tiny_preset_is_cached_and_roles_are_separate(tmp_path):
     assert report["reading"]["states"] > 0
     assert 0.0 <= report["reading"]["expert"] <= report["reading"]["listed"] <= 1.0
     assert report["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # what decided the weights
+    assert "(family " in report["cpu"]  # and on which processor: one instruction set, other machines
     assert (policy / "model.safetensors").is_file() and not list(policy.glob("*.bin"))
     model, tok = load_trainable(TINY, role="policy", workdir=WORKDIR)
     assert model.config.tie_word_embeddings and model.config.hidden_size == 128
