@@ -43,7 +43,7 @@ from infra.bus import BatchConsumer, Bus, RecentKeys, Record
 from pipeline.groups import RolloutGroup
 from pipeline.samples import build_samples
 from pipeline.taskpool import TaskPool, follow_tasks
-from schemas.config import PolicyLearnerConfig, RunConfig, SignalsConfig
+from schemas.config import ListedAnswers, RunConfig, SignalsConfig
 from schemas.events import GroupAction, GroupSettled, JudgedTrajectory, TaskSpec
 from schemas.topics import GROUPS, JUDGED, SAMPLES_POLICY, SAMPLES_REWARD
 
@@ -164,7 +164,7 @@ class Gatherer:
 
 
 async def _publish(
-    bus: Bus, group: Group, action: Action, config: SignalsConfig, learner: PolicyLearnerConfig
+    bus: Bus, group: Group, action: Action, config: SignalsConfig, listed: ListedAnswers
 ) -> None:
     """The group's samples (unless it is dropped), then its GroupSettled."""
     policy_samples = reward_samples = 0
@@ -177,8 +177,8 @@ async def _publish(
                 group.request_id,
                 group.ordered(),
                 config,
-                listed_token_loss=learner.listed_token_coef > 0,
-                listed_conditional=learner.listed_conditional,
+                listed_token_loss=listed.token_loss,
+                listed_conditional=listed.conditional,
             )
         except ValueError as e:  # a malformed group cannot be trained on; never stop the stage for it
             log.warning("group %s dropped: %s", group.request_id, e)
@@ -225,7 +225,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 # --- publish whole (or expired) groups ---
                 # (the policy learner's losses decide what rides on the samples)
                 for group, action in gatherer.decide(time.monotonic()):
-                    await _publish(bus, group, action, settings, config.policy_learner)
+                    await _publish(bus, group, action, settings, config.listed_answers)
                 # --- commit what no group in memory still needs ---
                 marks = {tp: o for tp, o in gatherer.watermark().items() if committed.get(tp) != o}
                 if marks:

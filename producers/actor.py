@@ -171,7 +171,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     ended_at: collections.deque[float] = collections.deque(maxlen=64)
     turn = 0
     # steps carry their listed answers (the listed-token loss, the listed-conditional term)
-    listed = config.policy_learner.listed_token_coef > 0 or config.policy_learner.listed_conditional
+    listed = config.listed_answers.recorded
     # rollouts per request, as the requests say (the first fetch takes one): sizes each fetch
     expected_n = cfg.parallel_episodes
 

@@ -483,8 +483,24 @@ class OffPolicyConfig(Config, frozen=True, kw_only=True):
     groups whose oldest sample is more than eta versions behind it."""
 
 
+class ListedAnswers(Struct, frozen=True, kw_only=True):
+    """What the policy learner's losses need of each turn's listed answers, derived from its section
+    once (`RunConfig.listed_answers`): the actor records them, signals carries them onto the samples."""
+
+    token_loss: bool
+    """`policy_learner.listed_token_coef` > 0: passed-over invalid draws ride on the samples."""
+    conditional: bool
+    """`policy_learner.listed_conditional`: played answers carry every listed answer to score."""
+
+    @property
+    def recorded(self) -> bool:
+        """Whether a step needs its listed answers at all."""
+        return self.token_loss or self.conditional
+
+
 class RunConfig(Config, frozen=True, kw_only=True):
-    """Everything one `forgestream up` needs; each role reads its own section."""
+    """Everything one `forgestream up` needs; each role reads its own section (and what
+    `listed_answers` derives from another's)."""
 
     workdir: str = ".work/run"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
@@ -530,6 +546,14 @@ class RunConfig(Config, frozen=True, kw_only=True):
         ):  # fmt: skip
             if not ok:
                 raise ValueError(problem)
+
+    @property
+    def listed_answers(self) -> ListedAnswers:
+        """What the policy learner's losses need of the listed answers (one home for the actor and signals)."""
+        learner = self.policy_learner
+        return ListedAnswers(
+            token_loss=learner.listed_token_coef > 0, conditional=bool(learner.listed_conditional)
+        )
 
     def _resolve_defaults(self) -> None:
         # Fields left unset (None) take values that depend on another section; set once here, so every

@@ -184,6 +184,19 @@ def test_redraw_and_the_conditional_term_default_by_domain() -> None:
     assert msgspec.convert(msgspec.to_builtins(household), RunConfig) == household
 
 
+def test_the_listed_answers_follow_the_policy_learners_losses() -> None:
+    """The actor records a step's listed answers, and signals carries them, exactly when one of the
+    policy learner's listed losses is on; both read it from `RunConfig.listed_answers`."""
+    household = RunConfig().listed_answers
+    assert (household.token_loss, household.conditional, household.recorded) == (False, True, True)
+    token = RunConfig(
+        actor=ActorConfig(redraw=1), policy_learner=PolicyLearnerConfig(listed_token_coef=0.5)
+    ).listed_answers
+    assert (token.token_loss, token.conditional, token.recorded) == (True, False, True)
+    paper = RunConfig(actor=ActorConfig(redraw=1)).listed_answers
+    assert (paper.token_loss, paper.conditional, paper.recorded) == (False, False, False)
+
+
 # --- run() against the broker --------------------------------------------------------------------
 
 
