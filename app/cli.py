@@ -300,16 +300,18 @@ def run(
     modules = [importlib.import_module(ROLES[r]) for r in roles]
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
-    exit_code = _run_roles(modules, cfg, create_topics)
+    exit_code = _run_roles(modules, cfg, create_topics, ",".join(roles))
     if exit_code:
         raise typer.Exit(exit_code)
 
 
-def _run_roles(modules: list[Any], cfg: RunConfig, create_topics: bool) -> int:
-    """Every role's `run` in one event loop; one failing stops the others (the process exits 1)."""
+def _run_roles(modules: list[Any], cfg: RunConfig, create_topics: bool, process: str) -> int:
+    """Every role's `run` in one event loop; one failing stops the others (the process exits 1).
+    Beside them the process reports its CPU and memory (app/usage.py), a last time once they end."""
     import anyio
 
-    from infra.bus import install_signal_handlers
+    from app.usage import report_usage
+    from infra.bus import Bus, install_signal_handlers
     from infra.topics import create_topics as create
 
     async def main() -> None:
@@ -317,9 +319,15 @@ def _run_roles(modules: list[Any], cfg: RunConfig, create_topics: bool) -> int:
         install_signal_handlers(shutdown)
         if create_topics:
             await create(cfg.kafka)
-        async with anyio.create_task_group() as tg:
-            for module in modules:
-                tg.start_soon(functools.partial(module.run, cfg, shutdown=shutdown))
+        roles_done = anyio.Event()
+        async with Bus(cfg.kafka, role=process) as bus, anyio.create_task_group() as usage:
+            usage.start_soon(report_usage, bus, process, roles_done)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for module in modules:
+                        tg.start_soon(functools.partial(module.run, cfg, shutdown=shutdown))
+            finally:
+                roles_done.set()
 
     try:
         anyio.run(main)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.usage import CPU_METRIC, RSS_METRIC
 from infra.bus import RecentKeys
 from pipeline.taskpool import TaskPool
 from schemas import events as ev
@@ -81,6 +82,9 @@ class Progress:
     heldout: dict[str, dict[int, float]] = field(default_factory=dict)
     process_accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    # process (its roles) -> pid -> last reported CPU seconds / peak MiB: a restart is a new pid
+    cpu_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    rss_peak_mb: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # --- folding ---
     def apply(self, topic: str, value: Any, timestamp: float) -> None:
@@ -137,8 +141,22 @@ class Progress:
         if self.verdict_total:
             self.series["verdict_agreement"].add(timestamp, self.verdict_agree / self.verdict_total)
 
+    def add_usage(
+        self, process: str, pid: str, *, cpu_s: float | None = None, rss_peak_mb: float | None = None
+    ) -> None:
+        """One usage report of a process; both figures are cumulative (a late, smaller one changes nothing)."""
+        for table, value in ((self.cpu_s, cpu_s), (self.rss_peak_mb, rss_peak_mb)):
+            if value is not None:
+                by_pid = table.setdefault(process, {})
+                by_pid[pid] = max(by_pid.get(pid, 0.0), value)
+
     def _apply_metric(self, metric: ev.Metric, timestamp: float) -> None:
         self.metrics_last[metric.name] = metric.value
+        if metric.name in (CPU_METRIC, RSS_METRIC):
+            figure = "cpu_s" if metric.name == CPU_METRIC else "rss_peak_mb"
+            process, pid = metric.labels.get("process", metric.role), metric.labels.get("pid", "?")
+            self.add_usage(process, pid, **{figure: metric.value})
+            return
         if metric.name == "eval/policy/success":
             self.heldout.setdefault(metric.labels.get("level", "?"), {})[metric.step] = metric.value
         elif metric.name in ("eval/reward/accuracy", "eval/reward/balanced_accuracy"):
@@ -208,6 +226,10 @@ class Progress:
             "heldout_success": {lv: _newest(by_v) for lv, by_v in sorted(self.heldout.items())},
             "process_accuracy": {k: _newest(by_v) for k, by_v in sorted(self.process_accuracy.items())},
             "lag": dict(lag or {}),
+            # CPU seconds per process (its roles), summed over its copies and restarts; peak MiB of
+            # its largest copy
+            "cpu_s": {p: round(sum(by_pid.values()), 1) for p, by_pid in sorted(self.cpu_s.items())},
+            "rss_peak_mb": {p: round(max(by_pid.values())) for p, by_pid in sorted(self.rss_peak_mb.items())},
         }
 
 

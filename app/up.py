@@ -16,13 +16,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import Process
 
 from app.cli import DRAIN_GRACE_S
 from schemas.config import RunConfig
+
+if TYPE_CHECKING:
+    from app.progress import Progress
+    from infra.broker import Broker
 
 # Start order matters only for speed: consumers first so nothing waits on a rebalance for long.
 ROLE_ORDER = [
@@ -129,6 +133,22 @@ async def _spawn(rp: RoleProcess, env: dict[str, str]) -> None:
     log.close()
     if NICENESS.get(rp.role):
         os.setpriority(os.PRIO_PROCESS, rp.process.pid, NICENESS[rp.role])
+
+
+def _broker_usage(broker: Broker, progress: Progress) -> None:
+    """The embedded broker's processes (Tansu, its object store) into the run's CPU figures."""
+    import psutil
+
+    for name, pid in broker.pids.items():
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                times, rss = proc.cpu_times(), proc.memory_info().rss
+        except psutil.Error:  # gone between the listing and the read: its last figures stand
+            continue
+        progress.add_usage(
+            f"broker:{name}", str(pid), cpu_s=times.user + times.system, rss_peak_mb=rss / 2**20
+        )
 
 
 async def _supervise(
@@ -302,8 +322,9 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                     t = record.timestamp_ms / 1000.0
                     progress.apply(record.topic, record.value, t)
                     if record.topic == METRICS:  # every role's metrics, by name, against wall time
+                        process = record.value.labels.get("process")  # usage: a curve per process
                         board.add_scalar(
-                            record.value.name,
+                            record.value.name + (f"/{process}" if process else ""),
                             record.value.value,
                             walltime=t,
                             global_step=max(0, int(t - progress.started)),
@@ -330,7 +351,7 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
             start = time.time()  # the clock starts once the roles run, not while presets build
             deadline = start + options.minutes * 60 if options.minutes else None
             start_version: int | None = None
-            last_line = 0.0
+            last_line = last_usage = 0.0
             live = (
                 Live(_render(progress, procs, 0), console=console, refresh_per_second=2)
                 if options.live
@@ -354,6 +375,9 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                             f"pending {snap['tasks_pending']} acc/rej {snap['variants_accepted']}/"
                             f"{snap['variants_rejected']} dlq {snap['dlq']}"
                         )
+                    if broker is not None and time.time() - last_usage > 15:
+                        last_usage = time.time()
+                        _broker_usage(broker, progress)
                     if start_version is None and progress.versions:
                         start_version = progress.versions.get("policy", 0)
                     if deadline and time.time() >= deadline:
@@ -381,6 +405,8 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                 console.print("stopping roles (SIGTERM, then SIGKILL after the grace period)")
                 with anyio.CancelScope(shield=True):
                     await _stop(procs, options.grace_s)
+                if broker is not None:
+                    _broker_usage(broker, progress)
                 shutdown.set()
                 followed.set()  # each reader reads on to the topic's end, then the task group ends
                 tg.cancel_scope.deadline = anyio.current_time() + 60.0
@@ -394,6 +420,9 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
             f"done: policy v{snap['policy_version']}, reward v{snap['reward_version']}, "
             f"{snap['trajectories']} trajectories judged, success {snap['success_rate']:.2f}"
         )
+        if snap["cpu_s"]:
+            cpu = ", ".join(f"{p} {s:.0f}" for p, s in sorted(snap["cpu_s"].items(), key=lambda x: -x[1]))
+            console.print(f"CPU seconds: {cpu}")
         console.print(f"report: {index}")
         return exit_code
     finally:

@@ -226,7 +226,31 @@ def test_up_closed_loop_with_a_joining_actor_replay_and_status(tmp_path: Path) -
     assert figures["reward_version"] >= 2, figures
     assert figures["trajectories"] > 0 and figures["samples_trained"] > 0, figures
     assert figures["task_events"] >= 1, figures
+    # where the CPU went: every role process reported its own (the broker is the test's, not up's)
+    assert {"actor", "judge", "policy-learner", "reward-learner"} <= figures["cpu_s"].keys(), figures["cpu_s"]
+    assert all(seconds > 0 for seconds in figures["cpu_s"].values()), figures["cpu_s"]
     assert (workdir / "report" / "index.html").is_file()
+
+
+def test_up_reads_the_cpu_of_the_broker_it_runs(broker, kafka_config: KafkaConfig) -> None:
+    """`up` adds the embedded broker's processes to the run's CPU figures, Tansu's by name."""
+    if not isinstance(broker, Broker):
+        pytest.skip("an external broker: no process here to read")
+    from app.progress import Progress
+    from app.up import _broker_usage
+
+    async def work() -> None:  # records for the broker to store: CPU it spends
+        async with Bus(kafka_config, role="test") as bus:
+            for i in range(2000):
+                await bus.metric("test/load", float(i))
+            await bus.flush()
+
+    run_sync(work())
+    progress = Progress()
+    _broker_usage(broker, progress)
+    ((pid, seconds),) = progress.cpu_s["broker:tansu"].items()
+    assert pid == str(broker.pids["tansu"]) and seconds > 0
+    assert progress.rss_peak_mb["broker:tansu"][pid] > 1  # MiB
 
 
 def test_restart_policy_backs_off_forgives_healthy_roles_and_waits_out_a_broker_outage() -> None:
@@ -336,6 +360,14 @@ def test_several_roles_run_as_tasks_of_one_process(tmp_path: Path, broker) -> No
         assert proc.wait(60) == 0
     finally:
         proc.kill()
+
+    async def usage() -> list:
+        async with Bus(kafka, role="test") as bus:
+            return [m.value for m in await bus.read_topic(topics.METRICS) if m.value.name == "process/cpu_s"]
+
+    # its last usage report, sent once the roles had drained: the process's own CPU, named by its roles
+    (last, *_) = [m for m in reversed(run_sync(usage())) if m.labels.get("pid") == str(proc.pid)]
+    assert last.labels["process"] == "scheduler,signals,forge" and last.value > 0, last
     unknown = subprocess.run([*CLI, "run", "scheduler,nope", "--bootstrap", broker.bootstrap], cwd=ROOT,
                              env=env_for_tests(), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert unknown.returncode == 2 and "unknown role 'nope'" in unknown.stderr

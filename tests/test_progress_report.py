@@ -123,6 +123,24 @@ def test_progress_folds_evaluations_per_version():
     assert snap["process_accuracy"] == {"accuracy": {"version": 2, "value": 0.6}}
 
 
+def test_progress_sums_cpu_over_a_roles_processes_and_restarts():
+    """Each process reports cumulative CPU seconds: the last report of each pid counts (a late, smaller
+    one changes nothing), copies and restarts (new pids) of a role add up; memory is the largest peak."""
+    p = Progress()
+    reports = (("judge", "11", 5.0, 900.0), ("judge", "12", 7.0, 1200.0), ("judge", "11", 9.5, 950.0),
+               ("judge", "11", 8.0, 940.0), ("actor", "20", 3.0, 800.0), ("actor", "21", 1.25, 700.0))  # fmt: skip
+    for process, pid, cpu, rss in reports:
+        labels = {"process": process, "pid": pid}
+        p.apply(tp.METRICS, ev.Metric(role=process, name="process/cpu_s", value=cpu, labels=labels), 1.0)
+        p.apply(
+            tp.METRICS, ev.Metric(role=process, name="process/rss_peak_mb", value=rss, labels=labels), 1.0
+        )
+    p.add_usage("broker:tansu", "30", cpu_s=2.0, rss_peak_mb=50.0)
+    snap = p.snapshot()
+    assert snap["cpu_s"] == {"actor": 4.2, "broker:tansu": 2.0, "judge": 16.5}  # 9.5 + 7; 3 + 1.25
+    assert snap["rss_peak_mb"] == {"actor": 800, "broker:tansu": 50, "judge": 1200}
+
+
 def test_report_writes_every_plot_and_a_page(tmp_path):
     p = Progress()
     for i in range(6):
