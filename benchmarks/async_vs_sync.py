@@ -3,10 +3,10 @@
 Every stage is a stub that takes configured wall time without using this machine's cores, as
 generation, judging and training would on devices of their own: actors answer a turn of their 8
 episodes in `--gen-s`, a judge a trajectory in `--judge-s`, the learners sleep `--train-s` per sample.
-By default the three stages are balanced at ~4 policy samples / s each (an actor turns 8 episodes in
-2 s; a trajectory of ~12 samples is judged in 6 s by each of 2 judges; 0.25 s per sample, a version per
-group, one pass), the case where lockstep loses most; the bound is the learner's rate, 1 / train-s.
-The table also shows the rate at which policy samples were produced.
+By default the three stages are near balance at ~4 policy samples / s each (an actor turns 8 episodes
+in 2 s; 2 judges at 6 s per trajectory judge 4 / s when a trajectory holds 12 samples; 0.25 s per sample,
+a version per group, one pass), the case where lockstep loses most. The bound is the slowest stage's
+rate, judging's computed from the run's own samples per judged trajectory (episodes' lengths vary).
 
 - lockstep: staleness bound η = 0 (scheduler and learner): the scheduler admits one version's requests,
   they are generated and judged, the learner trains them and publishes, and only then is the next
@@ -15,11 +15,12 @@ The table also shows the rate at which policy samples were produced.
 
 Both are one `forgestream up --ephemeral --minutes M` (the evaluator off; every group trains, whatever
 its outcomes, so random stub answers make samples). Rates are read from the run's metrics
-(`learner/policy/samples_trained`, `signals/policy_samples`) from the first group produced to the
-learner's last report (start-up excluded).
+(`learner/policy/samples_trained`, `signals/policy_samples`) between the learner's first and last
+versions: neither start-up and the pipeline's fill nor the drain after the stop counts, the learner's
+idle time between versions does. A mode needs at least three versions to be measured.
 Writes benchmarks/results/async_vs_sync.json.
 
-    python benchmarks/async_vs_sync.py [--minutes 5] [--gen-s 2.0] [--judge-s 6.0] [--train-s 0.25]
+    python benchmarks/async_vs_sync.py [--minutes 8] [--gen-s 2.0] [--judge-s 6.0] [--train-s 0.25]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+ACTORS, JUDGES = 1, 2  # what `up` starts by default (run_up passes no counts)
 
 
 def scalars(workdir: Path, tag: str) -> list[tuple[float, float]]:
@@ -46,22 +48,39 @@ def scalars(workdir: Path, tag: str) -> list[tuple[float, float]]:
     return sorted(points)
 
 
-def rates(workdir: Path) -> tuple[float, float, int]:
-    """(policy samples trained / s, policy samples the signals role produced / s, samples trained), both
-    over the same span: from the first group signals produced (the pipeline had work; start-up excluded)
-    to the learner's last report."""
+def rates(workdir: Path) -> dict[str, float]:
+    """The run's steady rates, between the learner's first and last versions (so neither the pipeline's
+    fill before the first version nor the drain after the stop counts; idle time between versions
+    does): policy samples trained / s and produced by signals / s, the samples trained in all, and the
+    mean policy samples per judged trajectory (what a judged trajectory is worth to the learner)."""
     trained = scalars(workdir, "learner/policy/samples_trained")
     produced = scalars(workdir, "signals/policy_samples")  # one report per group, value = its samples
-    if not trained or not produced:
-        return 0.0, 0.0, int(trained[-1][1]) if trained else 0
-    start, end = produced[0][0], trained[-1][0]
-    span = max(end - start, 1e-9)
-    return trained[-1][1] / span, sum(v for t, v in produced if t <= end) / span, int(trained[-1][1])
+    total = int(trained[-1][1]) if trained else 0
+    if len(trained) < 3:  # fewer than two versions after the first: no steady span to measure
+        return {"trained_per_s": 0.0, "produced_per_s": 0.0, "samples_trained": total, "span_s": 0.0}
+    (t0, n0), (t1, n1) = trained[0], trained[-1]
+    span = t1 - t0
+    made = sum(v for t, v in produced if t0 < t <= t1)
+    return {"trained_per_s": (n1 - n0) / span, "produced_per_s": made / span, "samples_trained": total,
+            "span_s": span}  # fmt: skip
+
+
+def stage_rates(
+    args: argparse.Namespace, samples_per_trajectory: float, parallel_episodes: int
+) -> dict[str, float]:
+    """Each stage's rate in policy samples / s when it is never starved: the actor plays
+    `parallel_episodes` turns per `gen_s`, each judge a trajectory per `judge_s`, the learner a sample
+    per `train_s`. The slowest of the three bounds any schedule."""
+    return {
+        "generation": ACTORS * parallel_episodes / args.gen_s,
+        "judging": JUDGES * samples_per_trajectory / args.judge_s,
+        "training": 1.0 / args.train_s,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--gen-s", type=float, default=2.0, help="an actor's turn of 8 episodes")
     parser.add_argument("--judge-s", type=float, default=6.0, help="a judge's verdicts on one trajectory")
     parser.add_argument("--train-s", type=float, default=0.25, help="the policy learner's time per sample")
@@ -96,14 +115,23 @@ def main() -> None:
         "lockstep": {"FORGESTREAM_OFF_POLICY__ETA": "0", "FORGESTREAM_REWARD_LEARNER__ETA": "0"},
         "streaming": {},
     }  # fmt: skip
-    bound = 1.0 / args.train_s
+    from schemas.config import RunConfig
+
+    parallel_episodes = RunConfig().actor.parallel_episodes
     rows = []
     for mode, extra in modes.items():
         workdir = run_up(f"bench-async-{mode}", args.minutes, stubs | extra)
-        rate, produced, trained = rates(workdir)
+        measured = rates(workdir)
         summary = json.loads((workdir / "report" / "summary.json").read_text())
-        rows.append({"mode": mode, "samples_per_s": rate, "of_bound": rate / bound, "samples_trained": trained,
-                     "produced_per_s": produced,
+        produced = sum(v for _, v in scalars(workdir, "signals/policy_samples"))
+        per_trajectory = produced / max(1, summary["trajectories"])
+        stages = stage_rates(args, per_trajectory, parallel_episodes)
+        bound = min(stages.values())
+        rows.append({"mode": mode, "samples_per_s": measured["trained_per_s"],
+                     "of_bound": measured["trained_per_s"] / bound, "bound_samples_per_s": bound,
+                     "slowest_stage": min(stages, key=stages.__getitem__), "stage_rates": stages,
+                     "samples_per_trajectory": per_trajectory, "produced_per_s": measured["produced_per_s"],
+                     "samples_trained": measured["samples_trained"], "steady_span_s": measured["span_s"],
                      "policy_version": summary["policy_version"], "trajectories": summary["trajectories"],
                      "staleness_mean": summary["staleness_mean"]})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
@@ -116,20 +144,23 @@ def main() -> None:
             "judge_trajectory": args.judge_s,
             "train_sample": args.train_s,
         },  # fmt: skip
-        "bound_samples_per_s": bound,
+        "rates": "policy samples trained / s between the learner's first and last versions; the bound is "
+        "the slowest stage's rate (stage_rates), judging's from the run's samples per judged trajectory",
         "rows": rows,
         "streaming_over_lockstep": streaming["samples_per_s"] / lockstep["samples_per_s"]
         if lockstep["samples_per_s"]
         else None,
         "goal": "streaming >= 0.95 of the bound (the slowest stage's rate)",
+        "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print("| mode | trained samples / s | of the bound | produced / s | versions | judged | staleness mean |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | trained samples / s | bound (slowest stage) | of the bound | produced / s | versions | "
+          "judged | staleness mean |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['samples_per_s']:.2f} | {r['of_bound']:.2f} | {r['produced_per_s']:.2f} | "
-              f"{r['policy_version']} | "
+        print(f"| {r['mode']} | {r['samples_per_s']:.2f} | {r['bound_samples_per_s']:.2f} ({r['slowest_stage']}) | "
+              f"{r['of_bound']:.2f} | {r['produced_per_s']:.2f} | {r['policy_version']} | "
               f"{r['trajectories']} | {r['staleness_mean']} |")  # fmt: skip
     ratio = result["streaming_over_lockstep"]
     print(f"streaming / lockstep: {ratio:.2f}" if ratio else "lockstep trained nothing")

@@ -11,7 +11,7 @@ end by restarting it. `up` restarts what died. The run then goes on to its end w
 Afterwards, from the topics (read from the broker's data) and the learners' checkpoint lineage:
 - rollout requests lost: requests sent at least `--settle-s` before the run's last trajectory that
   never got all of their trajectories; and of those, the ones the broker lost (sent before its kill,
-  their trajectories' partition kept no record from before it);
+  a missing trajectory's partition kept no record from before it);
 - trajectories judged more than once (redeliveries after a kill: expected), and samples trained twice
   (the learners' lineage, policy and reward: must be 0);
 - policy and reward versions published: gap-free from 0 to the newest;
@@ -82,17 +82,27 @@ async def read_run(bootstrap: str) -> dict:
         weights = await bus.read_topic(topics.WEIGHTS, latest_per_key=False)
     return {
         "requests": [(r.value.request_id, r.value.n, r.timestamp_ms / 1000) for r in requests],
-        "request_partition": {r.value.request_id: r.partition for r in requests},
         "trajectories": [(r.value.key, r.partition, r.timestamp_ms / 1000) for r in trajectories],
         "judged": [r.value.key for r in judged],
         "weights": [(w.value.model, w.value.version) for w in weights],
     }
 
 
-def lost_requests(run: dict, settle_s: float, broker_killed_at: float | None = None) -> dict:
+def trajectory_partition(key: str, partitions: int) -> int:
+    """The partition a trajectory keyed `key` goes to: the producer's own partitioner (murmur2, as
+    Kafka's Java client), so a trajectory that never arrived still has a place it would have been."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    every = list(range(partitions))
+    return DefaultPartitioner()(key.encode(), every, every)
+
+
+def lost_requests(
+    run: dict, settle_s: float, broker_killed_at: float | None = None, partitions: int = 8
+) -> dict:
     """Settled requests without all their trajectories; of those, the ones the broker lost: sent before
-    its kill, their trajectories' partition (keyed by request id, as the requests) kept no record from
-    before the kill."""
+    its kill, with a missing trajectory whose partition (by its own key, `request_id/index`) kept no
+    record from before the kill."""
     last = max((t for _, _, t in run["trajectories"]), default=0.0)
     produced: dict[str, set[str]] = {}
     for key, _, _ in run["trajectories"]:
@@ -100,20 +110,20 @@ def lost_requests(run: dict, settle_s: float, broker_killed_at: float | None = N
         produced.setdefault(request_id, set()).add(index)
     old = {rid: n for rid, n, t in run["requests"] if t <= last - settle_s}
     lost = sorted(rid for rid, n in old.items() if len(produced.get(rid, ())) < n)
-    emptied: list[int] = []
+    emptied: set[int] = set()
     by_broker: list[str] = []
     if broker_killed_at is not None:
         kept = {p for _, p, t in run["trajectories"] if t < broker_killed_at}
         sent_at = {rid: t for rid, _, t in run["requests"]}
-        by_broker = [
-            rid
-            for rid in lost
-            if sent_at[rid] < broker_killed_at and run["request_partition"][rid] not in kept
-        ]
-        emptied = sorted({run["request_partition"][rid] for rid in by_broker})
+        for rid in lost:
+            missing = [f"{rid}/{i}" for i in range(old[rid]) if str(i) not in produced.get(rid, ())]
+            gone = {trajectory_partition(key, partitions) for key in missing} - kept
+            if sent_at[rid] < broker_killed_at and gone:
+                by_broker.append(rid)
+                emptied |= gone
     return {"requests": len({rid for rid, _, _ in run["requests"]}), "settled_requests": len(old),
             "lost": len(lost), "lost_ids": lost[:20], "lost_with_the_broker": len(by_broker),
-            "trajectory_partitions_emptied_by_the_broker": emptied}  # fmt: skip
+            "trajectory_partitions_emptied_by_the_broker": sorted(emptied)}  # fmt: skip
 
 
 def versions(run: dict, model: str) -> dict:
@@ -209,10 +219,13 @@ def main() -> None:
     with Broker(durable=True, data_dir=workdir / "broker") as broker:  # the run's data, read back
         run = anyio.run(read_run, broker.bootstrap)
     judged = Counter(run["judged"])
+    from schemas.topics import TOPICS, TRAJECTORIES
+
+    trajectory_partitions = TOPICS[TRAJECTORIES].partitions
     result = {
         "machine": "2 cores, no GPU", "minutes": args.minutes, "chaos_minutes": args.chaos_minutes,
         "every_s": args.every_s, "kills": kills, "up_exit_code": up_code, "restarts": restarts(workdir),
-        "rollout_requests": lost_requests(run, args.settle_s, broker_killed_at),
+        "rollout_requests": lost_requests(run, args.settle_s, broker_killed_at, trajectory_partitions),
         "trajectories": len({k for k, _, _ in run["trajectories"]}),
         "judged_more_than_once": sum(1 for n in judged.values() if n > 1),
         "samples_trained_twice": trained_twice(workdir),

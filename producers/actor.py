@@ -253,7 +253,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     outcome=ep.episode.outcome,
                     actor_id=actor_id,
                 )
-                await bus.send(topics.TRAJECTORIES, trajectory, key=request.request_id)
+                await bus.send(topics.TRAJECTORIES, trajectory, key=trajectory.key)
                 ended_at.append(time.monotonic())
                 ep.run.remaining -= 1
                 ep.run.successes += int(trajectory.outcome == 1)

@@ -80,7 +80,9 @@ TOPICS: dict[str, TopicSpec] = {
     for t in [
         TopicSpec(TASKS, "task_id", 4, _COMPACT),
         TopicSpec(ROLLOUT_REQUESTS, "request_id", 8, _delete()),
-        TopicSpec(TRAJECTORIES, "request_id", 8, _delete(_LONG_MS)),
+        # one key per trajectory: a group's n trajectories spread over the judges (keyed by request,
+        # one judge judged a whole group while the others idled); judged ones regroup by request
+        TopicSpec(TRAJECTORIES, "request_id/rollout_index", 8, _delete(_LONG_MS)),
         TopicSpec(JUDGED, "request_id", 8, _delete(_LONG_MS)),
         TopicSpec(SAMPLES_POLICY, "request_id", 4, _delete()),
         TopicSpec(SAMPLES_REWARD, "request_id", 4, _delete()),

@@ -263,4 +263,8 @@ async def test_actor_turns_requests_into_trajectories_and_picks_up_new_policy(
             bus, topics.METRICS, lambda v: any(m.name == "actor/episodes_per_s" for m in v)
         )
         assert sum(m.value for m in metrics if m.name == "actor/trajectories") == 5
+        # each trajectory under its own key, so a group's rollouts spread over the judges' partitions
+        records = await bus.read_topic(topics.TRAJECTORIES)
+        assert sorted(r.key for r in records) == ["req-a/0", "req-a/1", "req-a/2", "req-b/0", "req-b/1"]
+        assert all(r.key == r.value.key for r in records)
         shutdown.set()
