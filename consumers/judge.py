@@ -2,9 +2,9 @@
 
 Consumes: `forge.trajectories` (group "judges"), `forge.weights` through a WeightsWatcher (reward
           model versions; not loaded when `judge.follow_weights` is off).
-Produces: `forge.trajectories.judged` (JudgedTrajectory, key request_id: one StepJudgement of m
-          Judgements per step, each with its token ids, behaviour logprobs and text), metric
-          `judge/judged`.
+Produces: `forge.trajectories.judged` (JudgedTrajectory, key request_id, so signals gets whole groups:
+          one StepJudgement of m Judgements per step, each with its token ids, behaviour logprobs and
+          text), metric `judge/judged`.
 Invariant: one JudgedTrajectory per trajectory key (request_id/rollout_index), produced before the
 offset is committed; redelivered trajectories are skipped by key. `reward_version` is the reward
 model version that generated every judgement in it.

@@ -2,7 +2,8 @@
 
 Consumes: `forge.rollout.requests` (group "actors"; a second actor process joining the group takes
           over partitions), `forge.weights` through a WeightsWatcher (policy versions).
-Produces: `forge.trajectories` (one Trajectory per rollout, key request_id), metrics
+Produces: `forge.trajectories` (one Trajectory per rollout, key request_id/rollout_index: a group's
+          rollouts spread over the judges), metrics
           `actor/trajectories`, `actor/success`, `actor/episodes_per_s`.
 Invariant: a request's offset is committed only after all n of its trajectories were acked by the
 broker (offsets advance past a record only when every earlier record of its partition is done too),
