@@ -51,18 +51,18 @@ def scalars(workdir: Path, tag: str) -> list[tuple[float, float]]:
 def rates(workdir: Path) -> dict[str, float]:
     """The run's steady rates, between the learner's first and last versions (so neither the pipeline's
     fill before the first version nor the drain after the stop counts; idle time between versions
-    does): policy samples trained / s and produced by signals / s, the samples trained in all, and the
-    mean policy samples per judged trajectory (what a judged trajectory is worth to the learner)."""
+    does): policy samples trained / s and produced by signals / s; and the run's totals, samples
+    trained and produced."""
     trained = scalars(workdir, "learner/policy/samples_trained")
     produced = scalars(workdir, "signals/policy_samples")  # one report per group, value = its samples
-    total = int(trained[-1][1]) if trained else 0
+    totals = {"samples_trained": int(trained[-1][1]) if trained else 0,
+              "samples_produced": sum(v for _, v in produced)}  # fmt: skip
     if len(trained) < 3:  # fewer than two versions after the first: no steady span to measure
-        return {"trained_per_s": 0.0, "produced_per_s": 0.0, "samples_trained": total, "span_s": 0.0}
+        return {"trained_per_s": 0.0, "produced_per_s": 0.0, "span_s": 0.0, **totals}
     (t0, n0), (t1, n1) = trained[0], trained[-1]
     span = t1 - t0
     made = sum(v for t, v in produced if t0 < t <= t1)
-    return {"trained_per_s": (n1 - n0) / span, "produced_per_s": made / span, "samples_trained": total,
-            "span_s": span}  # fmt: skip
+    return {"trained_per_s": (n1 - n0) / span, "produced_per_s": made / span, "span_s": span, **totals}
 
 
 def stage_rates(
@@ -123,8 +123,7 @@ def main() -> None:
         workdir = run_up(f"bench-async-{mode}", args.minutes, stubs | extra)
         measured = rates(workdir)
         summary = json.loads((workdir / "report" / "summary.json").read_text())
-        produced = sum(v for _, v in scalars(workdir, "signals/policy_samples"))
-        per_trajectory = produced / max(1, summary["trajectories"])
+        per_trajectory = measured["samples_produced"] / max(1, summary["trajectories"])
         stages = stage_rates(args, per_trajectory, parallel_episodes)
         bound = min(stages.values())
         rows.append({"mode": mode, "samples_per_s": measured["trained_per_s"],
