@@ -97,12 +97,13 @@ def trajectory_partition(key: str, partitions: int) -> int:
     return DefaultPartitioner()(key.encode(), every, every)
 
 
-def lost_requests(
-    run: dict, settle_s: float, broker_killed_at: float | None = None, partitions: int = 8
-) -> dict:
+def lost_requests(run: dict, settle_s: float, broker_killed_at: float | None = None) -> dict:
     """Settled requests without all their trajectories; of those, the ones the broker lost: sent before
     its kill, with a missing trajectory whose partition (by its own key, `request_id/index`) kept no
     record from before the kill."""
+    from schemas.topics import TOPICS, TRAJECTORIES
+
+    partitions = TOPICS[TRAJECTORIES].partitions
     last = max((t for _, _, t in run["trajectories"]), default=0.0)
     produced: dict[str, set[str]] = {}
     for key, _, _ in run["trajectories"]:
@@ -219,13 +220,10 @@ def main() -> None:
     with Broker(durable=True, data_dir=workdir / "broker") as broker:  # the run's data, read back
         run = anyio.run(read_run, broker.bootstrap)
     judged = Counter(run["judged"])
-    from schemas.topics import TOPICS, TRAJECTORIES
-
-    trajectory_partitions = TOPICS[TRAJECTORIES].partitions
     result = {
         "machine": "2 cores, no GPU", "minutes": args.minutes, "chaos_minutes": args.chaos_minutes,
         "every_s": args.every_s, "kills": kills, "up_exit_code": up_code, "restarts": restarts(workdir),
-        "rollout_requests": lost_requests(run, args.settle_s, broker_killed_at, trajectory_partitions),
+        "rollout_requests": lost_requests(run, args.settle_s, broker_killed_at),
         "trajectories": len({k for k, _, _ in run["trajectories"]}),
         "judged_more_than_once": sum(1 for n in judged.values() if n > 1),
         "samples_trained_twice": trained_twice(workdir),
