@@ -61,13 +61,64 @@ def step_with_label(
 def first_valid(episode: Any, answers: list[Any]) -> Any:
     """The first of `answers` (completions with a `.text`) that names one of the episode's listed
     actions, else the first: what a policy that never answered out of format would have played."""
+    index = first_valid_index(episode, answers)
+    return answers[0 if index is None else index]
+
+
+def first_valid_index(episode: Any, answers: list[Any]) -> int | None:
+    """Where the first of `answers` that names a listed action stands, None when none does."""
     listed = getattr(episode, "admissible", None)
     if listed is None:
         raise ValueError(
             f"{type(episode).__name__} lists no actions: redrawing invalid answers needs admissible()"
         )
     actions = listed()
-    return next((a for a in answers if parse_choice(a.text, actions) is not None), answers[0])
+    return next((k for k, a in enumerate(answers) if parse_choice(a.text, actions) is not None), None)
+
+
+ROUND_SEED_STRIDE = 1_000_003  # the second round's seed offset: apart from the next turns' seeds
+FIRST_DRAWS = 2  # a redrawn turn's first round of draws per prompt
+
+
+def draw_until_valid(
+    backend: Any,
+    episodes: list[Any],
+    prompts: list[str],
+    *,
+    redraw: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+) -> list[list[Any]]:
+    """Each prompt's draws up to and including its first listed answer, at most `redraw` of them (all
+    `redraw` when none is listed): two draws each, then the rest for the prompts whose two named no
+    listed action. The draws are independent, so the played answer (the first listed one, else the first)
+    is distributed as when all `redraw` are drawn at once; the draws after it, which nobody plays, are
+    mostly never decoded. On the tiny household preset at level 8 (8 episodes, redraw 8) a turn took
+    0.22-0.29 s against 0.35-0.53 s for 64 draws at once; two calls of one and seven draws, or rounds of
+    1, 2, 4, 1, cost more prefill than they saved. With `redraw` 1: one draw each, listed or not."""
+    groups: list[list[Any]] = [[] for _ in prompts]
+    open_ = list(range(len(prompts)))
+    round_ = 0
+    while open_:
+        take = min(FIRST_DRAWS, redraw) if round_ == 0 else redraw - len(groups[open_[0]])
+        outs = backend.generate(
+            [prompts[i] for i in open_],
+            n=take,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=(seed + round_ * ROUND_SEED_STRIDE) % 2**31,
+        )
+        if redraw == 1:
+            return outs
+        still = []
+        for i, drawn in zip(open_, outs, strict=True):
+            found = first_valid_index(episodes[i], drawn)
+            groups[i] += drawn if found is None else drawn[: found + 1]
+            if found is None and len(groups[i]) < redraw:
+                still.append(i)
+        open_, round_ = still, round_ + 1
+    return groups
 
 
 def play_tasks(
@@ -84,7 +135,7 @@ def play_tasks(
 ) -> list[PlayedEpisode]:
     """Play `tasks` side by side (one generate call per turn); generation seed `seed + turn`. With
     `expert`, each step also records its prompt and the env's `expert_response` from that state. With
-    `redraw` > 1 each turn samples that many answers and plays the first valid one (`first_valid`): the
+    `redraw` > 1 each turn plays the first valid of up to that many answers (`draw_until_valid`): the
     policy conditioned on answering in format, its own preferences among the listed actions kept."""
     ask = getattr(env, "expert_response", None) if expert else None
     episodes = [env.reset(t) for t in tasks]
@@ -95,9 +146,10 @@ def play_tasks(
         if not live:
             break
         prompts = [episodes[i].prompt() for i in live]
-        outs = backend.generate(
-            prompts, n=redraw, temperature=temperature, max_tokens=max_tokens, seed=seed + turn
-        )
+        outs = draw_until_valid(
+            backend, [episodes[i] for i in live], prompts,
+            redraw=redraw, temperature=temperature, max_tokens=max_tokens, seed=seed + turn,
+        )  # fmt: skip
         for i, prompt, group in zip(live, prompts, outs, strict=True):
             episode = episodes[i]
             answer = first_valid(episode, group) if redraw > 1 else group[0]

@@ -12,7 +12,8 @@ policy version that generated it and the behaviour logprobs of its sampled token
 distribution, see infra.models), so weights may change between any two turns.
 
 Several requests' episodes run at once, up to `actor.parallel_episodes`; each turn generates the
-next answer of every live episode in one batched call.
+next answer of every live episode in one batched call (with `actor.redraw`, more calls for the episodes
+whose draws so far named no listed action: `envs.play.draw_until_valid`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import anyio
 
 from envs import shared_environment
 from envs.base import Episode, boxed, listed_prefix
-from envs.play import first_valid
+from envs.play import draw_until_valid, first_valid_index
 from infra.bus import BatchConsumer, Bus, RecentKeys, Record
 from infra.models.tokenizer import encode_response
 from infra.models.types import tokens_within
@@ -125,11 +126,12 @@ def play_turn(
     loss, the listed-conditional term), as the state listed them before the step."""
     ended = []
     for ep, prompt, group in zip(live, prompts, completions, strict=True):
-        completion = first_valid(ep.episode, group) if len(group) > 1 else group[0]
+        found = first_valid_index(ep.episode, group) if len(group) > 1 else 0
         # the draws before the played one were invalid; when none was valid (the first is played), all
-        # the others are
-        played = next(k for k, c in enumerate(group) if c is completion)
-        passed = group[:played] if played else group[1:]
+        # the others are. Draws after a valid one were not passed over (`draw_until_valid` never makes
+        # them; a group given whole may have them)
+        completion = group[found or 0]
+        passed = group[1:] if found is None else group[:found]
         # the actions as listed before the step, asked once and only where used (only domains that list
         # actions have them)
         wanted = tokenizer is not None and (listed_answers or passed)
@@ -285,14 +287,16 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                             with anyio.move_on_after(0.5):
                                 await watcher.wait_newer_than(backend.version)
                         continue
-                    # --- one turn: every live episode's next answer in one batched generate ---
+                    # --- one turn: every live episode's next answer, batched across episodes ---
                     prompts = [ep.episode.prompt() for ep in live]
                     seed = (model.seed * 1_000_003 + os.getpid() * 7919 + turn) % 2**31
                     completions = await anyio.to_thread.run_sync(
                         functools.partial(
-                            backend.generate,
+                            draw_until_valid,
+                            backend,
+                            [ep.episode for ep in live],
                             prompts,
-                            n=cfg.redraw,
+                            redraw=cfg.redraw,
                             temperature=model.temperature,
                             max_tokens=model.max_new_tokens,
                             seed=seed,

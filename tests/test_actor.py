@@ -96,7 +96,8 @@ def test_a_redrawn_turn_plays_the_first_listed_answer_with_its_own_logprobs() ->
 
 def test_a_redrawn_turn_keeps_the_invalid_draws_it_passed_over(model_home: None, tmp_path: Path) -> None:
     """The draws before the played one are kept on the step as rejected answers, each with the tokens
-    that still spelled a listed action; when none was valid, every draw but the played first one is."""
+    that still spelled a listed action; when none was valid, every draw but the played first one is;
+    draws after the played valid one are not."""
     from infra.models import load_trainable
 
     _, tokenizer = load_trainable(POLICY, role="policy", workdir=tmp_path)
@@ -125,6 +126,11 @@ def test_a_redrawn_turn_keeps_the_invalid_draws_it_passed_over(model_home: None,
     assert [r.response_token_ids for r in second.rejected] == [g.token_ids for g in groups[1][1:]]
     actor.play_turn(live, prompts, [[draw(boxed(listed[0]))]] * 2, tokenizer)  # one draw: nothing passed over
     assert live[0].steps[1].rejected == [] and live[1].steps[1].rejected == []
+    # the first draw listed: the draws after it were not passed over, whatever they say
+    now = live[0].episode.admissible()
+    group = [draw(boxed(now[0])), draw("no box"), draw(boxed(now[1]))]
+    actor.play_turn(live[:1], [live[0].episode.prompt()], [group], tokenizer)
+    assert live[0].steps[2].rejected == [] and live[0].steps[2].response == boxed(now[0])
 
 
 def test_a_turn_records_the_listed_answers_as_the_state_listed_them(model_home: None, tmp_path: Path) -> None:

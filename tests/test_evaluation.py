@@ -8,7 +8,7 @@ import random
 import pytest
 
 from envs import get_environment
-from envs.play import first_valid, play_tasks
+from envs.play import draw_until_valid, first_valid, play_tasks
 from envs.seeds import HELDOUT_BASE, LEVEL_STRIDE, heldout_rng, heldout_seed, is_heldout, training_seed
 from infra.models.types import Completion
 from pipeline.evaluation import (
@@ -162,22 +162,29 @@ def test_outcome_as_verdict_calls_each_step_its_episode_outcome() -> None:
 
 
 class ListReader:
-    """A policy that answers two unlisted actions, then the first listed one (to pin the redraw, not a model)."""
+    """A policy whose draws from one prompt are two unlisted actions, then the first listed one, however
+    the draws are split over calls (to pin the redraw, not a model); it records each call's (prompts, n)."""
+
+    def __init__(self) -> None:
+        self.drawn: dict[str, int] = {}
+        self.calls: list[tuple[int, int, int | None]] = []
 
     def generate(self, prompts, *, n=1, temperature, max_tokens, stop=None, seed=None):  # noqa: ANN001
-        def listed(prompt: str) -> str:
-            return prompt.split("Actions:\n0: ", 1)[1].split("\n", 1)[0]
+        self.calls.append((len(prompts), n, seed))
 
-        answers = ["\\boxed{ fly to the moon}", "\\boxed{ 99}"]
-        return [
-            [
+        def draws(prompt: str) -> list[Completion]:
+            listed = prompt.split("Actions:\n0: ", 1)[1].split("\n", 1)[0]
+            texts = ["\\boxed{ fly to the moon}", "\\boxed{ 99}"] + [f"\\boxed{{ {listed}}}"] * 64
+            start = self.drawn.get(prompt, 0)
+            self.drawn[prompt] = start + n
+            return [
                 Completion(
                     text=t, token_ids=[], logprobs=[], prompt_token_ids=[], finish_reason="stop", version=0
                 )
-                for t in (answers + [f"\\boxed{{ {listed(p)}}}"])[:n]
+                for t in texts[start : start + n]
             ]
-            for p in prompts
-        ]
+
+        return [draws(p) for p in prompts]
 
 
 def test_redraw_plays_the_first_valid_answer_and_keeps_its_completion() -> None:
@@ -193,6 +200,36 @@ def test_redraw_plays_the_first_valid_answer_and_keeps_its_completion() -> None:
     assert all("moon" not in s.completion.text and "99" not in s.completion.text for s in steps)
     summary = summarize_policy(redrawn)
     assert summary["invalid_rate"] == 0.0
+
+
+def test_redraw_decodes_draws_only_until_one_is_listed() -> None:
+    """Two draws per prompt, then the rest of `redraw` for the prompts whose two named no listed action:
+    each group ends at its first listed draw, and a group with none holds all `redraw` draws."""
+    env = get_environment("household")
+    episodes = [env.reset(env.sample_task(2, heldout_rng(2, i))) for i in range(3)]
+    prompts = [e.prompt() for e in episodes]
+    reader = ListReader()
+    reader.drawn[prompts[1]] = 2  # the second prompt's next draws are listed
+    reader.drawn[prompts[2]] = 1  # the third's first draw is unlisted, its second listed
+    groups = draw_until_valid(reader, episodes, prompts, redraw=8, temperature=0.8, max_tokens=8, seed=5)
+    # round 1: every prompt, two draws; round 2: the first prompt (unlisted, unlisted), six more of which
+    # the first is listed: three draws kept, the last one played
+    assert [(k, n) for k, n, _ in reader.calls] == [(3, 2), (1, 6)]
+    assert len({seed for *_, seed in reader.calls}) == 2
+    assert [len(g) for g in groups] == [3, 1, 2]
+    assert [first_valid(e, g) for e, g in zip(episodes, groups, strict=True)] == [g[-1] for g in groups]
+    none = ListReader()
+    groups = draw_until_valid(
+        none, episodes[:1], prompts[:1], redraw=2, temperature=0.8, max_tokens=8, seed=5
+    )
+    assert [n for _, n, _ in none.calls] == [2] and len(groups[0]) == 2  # none listed within 2
+    assert first_valid(episodes[0], groups[0]) is groups[0][0]
+    once = ListReader()
+    assert (
+        len(draw_until_valid(once, episodes, prompts, redraw=1, temperature=0.8, max_tokens=8, seed=5)[0])
+        == 1
+    )
+    assert [n for _, n, _ in once.calls] == [1]
 
 
 def test_redraw_needs_an_episode_that_lists_its_actions() -> None:
