@@ -23,7 +23,7 @@ from algorithm.rewards import (
     zscore,
 )
 from algorithm.signals import GroupSignals, PolicyTarget, RewardTarget, group_signals
-from algorithm.staleness import capacity, filter_stale
+from algorithm.staleness import capacity, filter_stale, groups_per_version
 from algorithm.tasks import HIGH, LOW, Direction, accept, direction, group_accuracy, high_risk_steps
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ __all__ = [
     "first_unlisted_token",
     "format_advantages",
     "group_accuracy",
+    "groups_per_version",
     "group_signals",
     "high_risk_steps",
     "integrated_rewards",

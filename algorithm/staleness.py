@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 ZERO_ADVANTAGE_ATOL = 1e-9  # |advantage| at or below this carries no gradient worth a sample
 
 
 def capacity(
-    max_concurrent: int, running: int, accepted: int, version: int, groups_per_version: int, eta: int
+    max_concurrent: int, running: int, accepted: int, consumed: int, per_version: float, eta: int
 ) -> int:
     """How many new rollouts the scheduler may start now (AReaL's gate), never negative.
 
-    `min(max_concurrent - running, (eta + version + 1) * groups_per_version - (accepted + running))`:
-    the first term bounds the work in flight; the second keeps every rollout (accepted by the
-    learner so far or still running) within `eta` versions of the policy that will train on it,
-    where `version` is the learner's current policy version and `groups_per_version` the rollout
-    groups one version consumes (AReaL's batch size, counted in the unit the gate counts: groups).
+    `min(max_concurrent - running, floor((eta + 1) * per_version) - (ahead + running))`, with
+    `ahead = max(0, accepted - consumed)`: the groups accepted for training that the learner has not
+    consumed (trained or dropped) yet. The second term keeps every rollout still running or queued at
+    the learner within the next `eta` + 1 versions, so within `eta` versions of the policy that trains
+    on it. It is AReaL's `(eta + version + 1) * batch - (accepted + running)` with what the learner
+    consumed counted rather than assumed to be `version * batch`: a version is whole groups until a
+    sample count, not a fixed number of groups, and an assumed count drifts.
     """
-    in_reach = (eta + version + 1) * groups_per_version  # groups the next eta + 1 versions consume
-    return max(0, min(max_concurrent - running, in_reach - (accepted + running)))
+    in_reach = math.floor((eta + 1) * per_version + 1e-9)  # groups the next eta + 1 versions consume
+    ahead = max(0, accepted - consumed)
+    return max(0, min(max_concurrent - running, in_reach - (ahead + running)))
+
+
+def groups_per_version(consumed: int, version: int) -> float:
+    """The rollout groups one policy version has consumed on average (trained, or dropped as stale),
+    at least 1; 1 before the first version. The learner's versions are whole groups until
+    `batch_samples` samples, so this follows the groups' sizes without a setting of its own."""
+    return max(1.0, consumed / version) if version > 0 else 1.0
 
 
 def filter_stale(sample_versions: Sequence[int], current_version: int, eta: int) -> tuple[list[int], int]:

@@ -99,7 +99,6 @@ def main() -> None:
         FORGESTREAM_POLICY_LEARNER__STUB_SAMPLE_S=str(args.train_s),
         # a version per group, one pass: the learner's bound is 1 / train-s, and in lockstep (η = 0) the
         # scheduler admits one group, waits for its version, admits the next
-        FORGESTREAM_SCHEDULER__GROUPS_PER_VERSION="1",
         FORGESTREAM_POLICY_LEARNER__BATCH_SAMPLES="1",
         FORGESTREAM_POLICY_LEARNER__EPOCHS="1",
         FORGESTREAM_REWARD_LEARNER__ENGINE="stub",

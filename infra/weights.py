@@ -191,6 +191,7 @@ class WeightStore:
         *,
         preset: str = "",
         optimizer_step: int = 0,
+        groups_consumed: int | None = None,
     ) -> WeightsPublished:
         """Write `model` (+ tokenizer) as version `version`; return the event to send on forge.weights.
         On a full disk the older versions go first (all but the newest), then StoreFull."""
@@ -210,6 +211,7 @@ class WeightStore:
             bytes=size,
             preset=preset,
             optimizer_step=optimizer_step,
+            groups_consumed=groups_consumed,
         )
 
     def _write(self, model_name: str, version: int, model: Any, tokenizer: Any) -> tuple[str, int]:

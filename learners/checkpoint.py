@@ -70,6 +70,9 @@ class LearnerState(msgspec.Struct, kw_only=True):
     duplicates: int = 0
     samples_trained: int = 0  # cumulative over restarts (status: samples_trained)
     batches: int = 0  # batches trained (a version every publish_every of them)
+    # rollout groups trained or dropped as stale, cumulative (the scheduler's gate counts against it);
+    # None in a checkpoint written before it was counted: unknown for good
+    groups_consumed: int | None = None
 
 
 def offsets_to_state(offsets: dict[tuple[str, int], int]) -> dict[str, int]:

@@ -413,7 +413,7 @@ class Learner:
         if self.cfg.lora_rank > 0:
             model = apply_lora(model, self.cfg.lora_rank)
         model.eval()  # no dropout: behaviour, proximal and current logprobs must be comparable
-        self.state = LearnerState()
+        self.state = LearnerState(groups_consumed=0)
         ckpt.remove_leftovers(self.root)
         latest = ckpt.latest_checkpoint(self.root)
         if latest is not None:
@@ -482,6 +482,7 @@ class Learner:
         floor = self.state.version - self.spec.eta
         self.state.trained_groups = {g: v for g, v in self.state.trained_groups.items() if v >= floor}
         fresh = {groups[i] for i in kept}
+        self._consumed(len(groups) - len(fresh))
         before = len(self.pending)
         self.pending = [s for s in self.pending if s.group_id in fresh]
         dropped = before - len(self.pending)
@@ -527,6 +528,7 @@ class Learner:
         then `minibatches` optimizer steps per epoch over seeded shuffles, each step's samples shared out
         across the ranks; a new version after every `publish_every` batches."""
         batch = whole_groups(self.pending, self.cfg.batch_samples)
+        self._consumed(len({s.group_id for s in batch}))
         for s in batch:  # remembered by their newest sample (see drop_stale)
             newest = self.state.trained_groups.get(s.group_id, s.version)
             self.state.trained_groups[s.group_id] = max(newest, s.version)
@@ -559,6 +561,10 @@ class Learner:
             done.append(step)
         return done
 
+    def _consumed(self, groups: int) -> None:
+        if self.state.groups_consumed is not None:  # None: restored from a checkpoint that did not count
+            self.state.groups_consumed += groups
+
     # --- persist ---
     def _checkpoint(self) -> dict[tuple[str, int], int]:
         """Write a complete checkpoint (rank 0 writes; ZeRO gathers on every rank); returns the offsets
@@ -586,6 +592,7 @@ class Learner:
                 self.tokenizer,
                 preset=self.spec.model.preset,
                 optimizer_step=self.state.optimizer_step,
+                groups_consumed=self.state.groups_consumed,
             )
 
 

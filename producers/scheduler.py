@@ -2,21 +2,25 @@
 
 Consumes: `forge.tasks` (the task pool: last value per task_id, active + pending),
           `forge.groups` (GroupSettled: what the signals stage did with each group),
-          `forge.weights` (latest policy version),
+          `forge.weights` (latest policy version, and the groups its learner had consumed),
           `forge.rollout.requests` once at start (what an earlier incarnation already asked for).
 Produces: `forge.rollout.requests` (RolloutRequest of n = rollouts_per_task, key request_id),
           `forge.tasks` (seed tasks, only when the pool is empty), metrics `scheduler/*`
-          (`scheduler/gate`: the capacity whenever its inputs change, labelled running / accepted).
+          (`scheduler/gate`: the capacity whenever its inputs change, labelled running / accepted /
+          consumed).
 Invariant: requests in flight never exceed `algorithm.capacity` (AReaL's gate): running = requests
 sent whose group the signals stage has not settled yet, accepted = settled groups that yielded policy
-samples (what the learner trains on, as signals decided it: no second computation here), version =
-the latest published policy version. So no trained sample is more than `eta` versions stale unless
+samples (what the learner trains on, as signals decided it: no second computation here), consumed =
+the groups the policy learner had trained or dropped when it published its latest version (the
+version's `groups_consumed`), and a version's share of groups is what the learner's versions have
+consumed on average (`algorithm.groups_per_version`: a version is whole groups until
+`policy_learner.batch_samples` samples, so no second setting here). So at most eta + 1 versions' worth
+of groups run or wait at the learner, and no trained sample is more than `eta` versions stale unless
 the learner falls behind its own batch size. A group with no signal (every advantage 0: e.g. all
 rollouts failed and the verdicts tell no step apart), or one dropped (a rejected variant), is never
 trained on, so it frees its slot without counting as accepted: otherwise a policy that fails
-everything would stall the loop at (eta + version + 1) * groups_per_version groups with the learner waiting
-for samples that never come. A request never settled after `request_timeout_s` (lost to the DLQ, a
-retired task) stops counting as running.
+everything would stall the loop with the learner waiting for samples that never come. A request never
+settled after `request_timeout_s` (lost to the DLQ, a retired task) stops counting as running.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 import anyio
 import msgspec
 
-from algorithm import capacity
+from algorithm import capacity, groups_per_version
 from envs import get_environment
 from envs.base import Environment
 from envs.seeds import training_rng
@@ -134,6 +138,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     flight = Flight(request_timeout_s=cfg.request_timeout_s)
     scheduled: dict[str, int] = {}
     version = 0
+    consumed: int | None = 0  # groups the policy learner had trained or dropped at `version`
     wake = anyio.Event()
 
     def poke() -> None:
@@ -166,31 +171,36 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                 poke()
 
         async def follow_weights() -> None:
-            nonlocal version
+            nonlocal version, consumed
             async for record in bus.follow_topic(topics.WEIGHTS, shutdown=shutdown):
                 published: WeightsPublished = record.value
                 if published.model == "policy" and published.version > version:
-                    version = published.version
+                    version, consumed = published.version, published.groups_consumed
+                    if consumed is None:
+                        log.warning("scheduler: policy v%d does not say what its learner consumed: the "
+                                    "gate counts running requests only", version)  # fmt: skip
                     poke()
 
         async def emit() -> None:
             nonlocal sequence
-            last_gate: tuple[int, int, int, int] | None = None
+            last_gate: tuple[int, int, int, int | None, int] | None = None
             while not shutdown.is_set():
                 flight.expire(time.monotonic())
+                # a learner that does not count what it consumed: nothing counts as queued at it
+                accepted = flight.accepted if consumed is not None else 0
                 room = capacity(
                     cfg.max_concurrent_requests,
                     flight.running,
-                    flight.accepted,
-                    version,
-                    cfg.groups_per_version,
+                    accepted,
+                    consumed or 0,
+                    groups_per_version(consumed or 0, version),
                     eta,
                 )
-                gate = (room, flight.running, flight.accepted, version)
+                gate = (room, flight.running, accepted, consumed, version)
                 if gate != last_gate:  # every decision the gate changes, observable (and a test marker)
                     last_gate = gate
-                    await bus.metric("scheduler/gate", float(room), step=version,
-                                     running=str(flight.running), accepted=str(flight.accepted))  # fmt: skip
+                    await bus.metric("scheduler/gate", float(room), step=version, running=str(flight.running),
+                                     accepted=str(accepted), consumed=str(consumed))  # fmt: skip
                 picked = pick_tasks(pool.schedulable(), room, scheduled, rng)
                 for task in picked:
                     request = RolloutRequest(

@@ -199,11 +199,6 @@ class SchedulerConfig(Config, frozen=True, kw_only=True):
     """n: rollouts in one group (paper: 8)."""
     max_concurrent_requests: PosInt = 8
     """AReaL capacity: rollout requests in flight at once."""
-    groups_per_version: PosInt = 2
-    """Rollout requests (groups) consumed per policy version (capacity rule): the learner publishes a version per
-    `batch_samples` (256) policy samples, about two mixed household groups. At 4 the gate admitted
-    twice what a version consumes and the learner dropped as stale 55 % of the policy samples of a
-    12-minute `up` (3,910 dropped, 3,184 trained); at 2, 23 % (1,088 dropped, 3,651 trained)."""
     poll_s: PosFloat = 0.5
     request_timeout_s: PosFloat = 900.0
     """A request whose group is still unjudged after this long stops counting as running."""
@@ -424,7 +419,7 @@ class PolicyLearnerConfig(LearnerConfig, frozen=True, kw_only=True):
     file that sets one field keeps the others."""
 
     ref_kl_coef: NonNegFloat = 0.1
-    """0.1: a 12-minute `up` with fresher samples (scheduler.groups_per_version 2) and no reference KL drifted out
+    """0.1: a 12-minute `up` with fresher samples (two groups per version) and no reference KL drifted out
     of format: invalid answers 0.03 -> 0.42 on held-out level 4, success 0.28 (v12); with 0.1, 0.02 and
     0.47 (v11)."""
     lr: PosFloat = 1e-4

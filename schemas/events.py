@@ -267,7 +267,7 @@ class TaskEvent(Event, frozen=True, kw_only=True):
     created_at: Timestamp = msgspec.field(default_factory=now)
 
 
-# --- forge.weights (compacted, key model name): learners -> actors, judges, learners ---
+# --- forge.weights (compacted, key model name): learners -> actors, judges, learners, scheduler ---
 class WeightsPublished(Event, frozen=True, kw_only=True):
     model: ModelName
     version: Version
@@ -276,6 +276,9 @@ class WeightsPublished(Event, frozen=True, kw_only=True):
     bytes: Count
     preset: str = ""
     optimizer_step: Count = 0
+    # rollout groups the learner had trained or dropped as stale when it published this version, the
+    # count the scheduler's gate holds its requests against; None from a learner that does not count
+    groups_consumed: Count | None = None
     created_at: Timestamp = msgspec.field(default_factory=now)
 
     def __post_init__(self) -> None:

@@ -23,6 +23,7 @@ from algorithm import (
     first_unlisted_token,
     format_advantages,
     group_accuracy,
+    groups_per_version,
     high_risk_steps,
     integrated_rewards,
     listed_conditional_loss,
@@ -286,14 +287,29 @@ def test_high_risk_steps() -> None:
 
 # --- scheduling and staleness ---
 def test_capacity_hand_computed() -> None:
-    # min(8 - 3, (1 + 2 + 1) * 4 - (10 + 3)) = min(5, 3) = 3
-    assert capacity(8, 3, 10, 2, 4, 1) == 3
-    # min(5, 16 - 23 = -7) -> 0, never negative
+    # capacity(max_concurrent, running, accepted, consumed, per_version, eta)
+    # ahead = 10 - 6 = 4: min(8 - 3, floor((1 + 1) * 4) - (4 + 3)) = min(5, 1) = 1
+    assert capacity(8, 3, 10, 6, 4, 1) == 1
+    # AReaL's form when the learner consumed exactly version * batch (version 2, batch 4: 8 groups):
+    # (eta + version + 1) * 4 - (accepted + running) = 16 - 13 = 3
+    assert capacity(8, 3, 10, 8, 4, 1) == 3
+    # a fractional share: floor((2 + 1) * 2.5) = 7 - (ahead 2 + running 1) = 4
+    assert capacity(8, 1, 12, 10, 2.5, 2) == 4
+    # min(5, 8 - (20 - 2 + 3) = -13) -> 0, never negative
     assert capacity(8, 3, 20, 2, 4, 1) == 0
+    # the learner counted more than the scheduler has seen settle yet: nothing is ahead, not less than nothing
+    assert capacity(8, 0, 3, 5, 1, 2) == 3
     # all slots busy: min(0, ...) = 0
     assert capacity(8, 8, 0, 0, 4, 10) == 0
-    # fresh start: min(4 - 0, (0 + 0 + 1) * 16 - 0) = 4
+    # fresh start: min(4 - 0, (0 + 1) * 16 - 0) = 4
     assert capacity(4, 0, 0, 0, 16, 0) == 4
+
+
+def test_groups_per_version_is_what_versions_consumed_on_average() -> None:
+    assert groups_per_version(0, 0) == 1.0  # before the first version
+    assert groups_per_version(7, 2) == 3.5  # 7 groups over 2 versions
+    assert groups_per_version(1, 3) == 1.0  # never below one group
+    assert groups_per_version(0, 4) == 1.0  # a learner that consumed nothing counted
 
 
 def test_filter_stale() -> None:

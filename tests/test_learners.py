@@ -540,9 +540,13 @@ async def test_role_drops_stale_and_duplicates_and_publishes(tmp_path: Path, kaf
     }
     weights = [w for w in await read_values(kafka_config, topics.WEIGHTS) if w.model == "policy"]
     assert [w.version for w in weights] == [0, 1, 2]
+    # the groups consumed by each version, for the scheduler's gate: a; then b (stale) and c, not c's copy
+    assert [w.groups_consumed for w in weights] == [0, 1, 3]
     AutoModelForCausalLM.from_pretrained(weights[-1].uri)  # users can take the weights elsewhere
     state = ckpt.load_state(ckpt.latest_checkpoint(root))
-    assert state.version == 2 and state.dropped_stale == 3 and not state.pending
+    assert (
+        state.version == 2 and state.dropped_stale == 3 and not state.pending and state.groups_consumed == 3
+    )
     # a (newest sample v0) was forgotten once v0 was stale at v1: any copy of it is dropped as stale
     assert state.trained_groups == {"c": 1}
 

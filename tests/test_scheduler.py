@@ -105,15 +105,16 @@ def settled(request: RolloutRequest, policy_samples: int) -> GroupSettled:
 
 @pytest.mark.timeout(90)
 async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config: Any, tmp_path: Any) -> None:
-    # eta=0, groups_per_version=1: capacity = min(4 - running, (version + 1) * 1 - (accepted + running)),
-    # running = requests not settled by signals yet, accepted = settled groups with policy samples.
+    # eta=0: capacity = min(4 - running, floor(1 * per_version) - (accepted - consumed + running)),
+    # running = requests not settled by signals yet, accepted = settled groups with policy samples,
+    # consumed = groups the learner had consumed at its latest version, per_version = consumed / version
+    # (1 before the first version).
     cfg = SchedulerConfig(
         domain="household",
         seed_tasks=3,
         seed_difficulty=0,
         rollouts_per_task=2,
         max_concurrent_requests=4,
-        groups_per_version=1,
         poll_s=0.1,
     )
     config = RunConfig(
@@ -126,45 +127,66 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         assert len(seeded) == 3 and len({t.signature for t in seeded}) == 3
         assert all(t.status == "active" and t.difficulty == 0 for t in seeded)
 
-        async def gate(room: int, running: int, accepted: int, version: int, times: int = 1) -> None:
+        async def gate(room: int, running: int, accepted: int, consumed: int | None, version: int,
+                       times: int = 1) -> None:  # fmt: skip
             """Wait until the scheduler has decided this capacity (a positive marker: it saw the events)."""
+            labels = {"running": str(running), "accepted": str(accepted), "consumed": str(consumed)}
 
             def seen(values: list) -> bool:
                 hits = [m for m in values if m.name == "scheduler/gate" and m.value == room and m.step == version
-                        and m.labels == {"running": str(running), "accepted": str(accepted)}]  # fmt: skip
+                        and m.labels == labels]  # fmt: skip
                 return len(hits) >= times
 
             await wait_records(bus, topics.METRICS, seen)
 
+        async def publish(version: int, consumed: int | None) -> None:
+            await bus.send(topics.WEIGHTS, WeightsPublished(model="policy", version=version, uri=f"mem://v{version}",
+                           sha256="0" * 64, bytes=1, groups_consumed=consumed), key="policy")  # fmt: skip
+
+        async def requests(count: int) -> list[RolloutRequest]:
+            return await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= count)
+
         # version 0, nothing judged: capacity 1 -> exactly one request, then the gate closes.
-        first = await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 1)
-        await gate(0, running=1, accepted=0, version=0)
+        first = await requests(1)
+        await gate(0, running=1, accepted=0, consumed=0, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
         request = first[0]
         assert request.n == 2 and request.task.task_id in {t.task_id for t in seeded}
 
-        # settled with policy samples: running 0, accepted 1 -> capacity (0 + 1) - 1 = 0, still one
+        # settled with policy samples: running 0, accepted 1 -> capacity 1 - (1 - 0) = 0, still one
         # request; a copy (signals restarted) changes nothing.
         for _ in range(2):
             await bus.send(topics.GROUPS, settled(request, policy_samples=4), key=request.request_id)
-        await gate(0, running=0, accepted=1, version=0)
+        await gate(0, running=0, accepted=1, consumed=0, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
 
-        # policy v1: capacity (1 + 1) - 1 = 1 -> exactly one more request, for another task.
-        weights = WeightsPublished(model="policy", version=1, uri="mem://v1", sha256="0" * 64, bytes=1)
-        await bus.send(topics.WEIGHTS, weights, key="policy")
-        both = await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 2)
-        await gate(0, running=1, accepted=1, version=1)
+        # policy v1, its learner having consumed that group: capacity 1 - (1 - 1) = 1 -> exactly one
+        # more request, for another task.
+        await publish(1, consumed=1)
+        both = await requests(2)
+        await gate(0, running=1, accepted=1, consumed=1, version=1)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 2
         (second,) = [r for r in both if r.request_id != request.request_id]  # records come per partition
         assert second.task.task_id != request.task.task_id  # least-scheduled task first
 
         # its group settles without policy samples (no signal): it frees its slot, accepted stays 1
-        # -> capacity (1 + 1) - 1 = 1 -> a third request.
+        # -> capacity 1 - (0 + 0) = 1 -> a third request.
         await bus.send(topics.GROUPS, settled(second, policy_samples=0), key=second.request_id)
-        await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 3)
-        await gate(0, running=1, accepted=1, version=1, times=2)
-        assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3
+        await requests(3)
+        await gate(0, running=1, accepted=1, consumed=1, version=1, times=2)
+
+        # policy v2 after 4 groups consumed in all: 2 per version -> capacity floor(1 * 2) - (0 + 1) = 1,
+        # a fourth request (the learner counted groups this scheduler never saw settle: nothing is ahead)
+        await publish(2, consumed=4)
+        await requests(4)
+        await gate(0, running=2, accepted=1, consumed=4, version=2)
+        assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 4
+
+        # a learner that does not count (None): nothing counts as queued at it, one group per version
+        # -> capacity 1 - running 2 < 0 -> 0, and no fifth request
+        await publish(3, consumed=None)
+        await gate(0, running=2, accepted=0, consumed=None, version=3)
+        assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 4
         shutdown.set()
 
 
@@ -173,9 +195,10 @@ async def test_requests_of_one_task_spread_over_partitions(kafka_config: Any, tm
     """Requests are keyed by request id: with a single task they still reach several partitions, so
     several actors share the work (a task key put them all on one partition, one actor)."""
     cfg = SchedulerConfig(domain="household", seed_tasks=1, seed_difficulty=0, rollouts_per_task=2,
-                          max_concurrent_requests=8, groups_per_version=8, poll_s=0.1)  # fmt: skip
+                          max_concurrent_requests=8, poll_s=0.1)  # fmt: skip
+    # eta 7: (7 + 1) groups before the first version, all 8 at once
     config = RunConfig(
-        workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg, off_policy=OffPolicyConfig(eta=0)
+        workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg, off_policy=OffPolicyConfig(eta=7)
     )
     shutdown = anyio.Event()
     async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
