@@ -97,6 +97,8 @@ def draw_until_valid(
     mostly never decoded. On the tiny household preset at level 8 (8 episodes, redraw 8) a turn took
     0.22-0.29 s against 0.35-0.53 s for 64 draws at once; two calls of one and seven draws, or rounds of
     1, 2, 4, 1, cost more prefill than they saved. With `redraw` 1: one draw each, listed or not."""
+    if redraw == 1:
+        return backend.generate(prompts, n=1, temperature=temperature, max_tokens=max_tokens, seed=seed)
     groups: list[list[Any]] = [[] for _ in prompts]
     open_ = list(range(len(prompts)))
     round_ = 0
@@ -109,8 +111,6 @@ def draw_until_valid(
             max_tokens=max_tokens,
             seed=(seed + round_ * ROUND_SEED_STRIDE) % 2**31,
         )
-        if redraw == 1:
-            return outs
         still = []
         for i, drawn in zip(open_, outs, strict=True):
             found = first_valid_index(episodes[i], drawn)
