@@ -26,11 +26,14 @@ def capacity(
     return max(0, min(max_concurrent - running, in_reach - (ahead + running)))
 
 
-def groups_per_version(consumed: int, version: int) -> float:
+def groups_per_version(consumed: int, version: int, at_least: int = 1) -> float:
     """The rollout groups one policy version has consumed on average (trained, or dropped as stale),
-    at least 1; 1 before the first version. The learner's versions are whole groups until
-    `batch_samples` samples, so this follows the groups' sizes without a setting of its own."""
-    return max(1.0, consumed / version) if version > 0 else 1.0
+    never below `at_least`, and `at_least` before the first version. The learner's versions are
+    whole groups until `batch_samples` samples, so this follows the groups' sizes without a setting of
+    its own; `at_least` is what a version surely takes (`publish_every` batches of one group or more).
+    Without it, a learner whose first version needs more groups than the gate's `eta + 1` at one per
+    version would wait for groups the gate never admits."""
+    return max(float(at_least), consumed / version) if version > 0 else float(at_least)
 
 
 def filter_stale(sample_versions: Sequence[int], current_version: int, eta: int) -> tuple[list[int], int]:

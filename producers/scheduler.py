@@ -13,8 +13,9 @@ sent whose group the signals stage has not settled yet, accepted = settled group
 samples (what the learner trains on, as signals decided it: no second computation here), consumed =
 the groups the policy learner had trained or dropped when it published its latest version (the
 version's `groups_consumed`), and a version's share of groups is what the learner's versions have
-consumed on average (`algorithm.groups_per_version`: a version is whole groups until
-`policy_learner.batch_samples` samples, so no second setting here). So at most eta + 1 versions' worth
+consumed on average (`algorithm.groups_per_version`: a version is `policy_learner.publish_every`
+batches, each whole groups until `policy_learner.batch_samples` samples, so no second setting here;
+never fewer than `publish_every` groups, the share before the first version). So at most eta + 1 versions' worth
 of groups run or wait at the learner, and no trained sample is more than `eta` versions stale unless
 the learner falls behind its own batch size. A group with no signal (every advantage 0: e.g. all
 rollouts failed and the verdicts tell no step apart), or one dropped (a rejected variant), is never
@@ -193,7 +194,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     flight.running,
                     accepted,
                     consumed or 0,
-                    groups_per_version(consumed or 0, version),
+                    groups_per_version(consumed or 0, version, config.policy_learner.publish_every),
                     eta,
                 )
                 gate = (room, flight.running, accepted, consumed, version)

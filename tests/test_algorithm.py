@@ -310,6 +310,12 @@ def test_groups_per_version_is_what_versions_consumed_on_average() -> None:
     assert groups_per_version(7, 2) == 3.5  # 7 groups over 2 versions
     assert groups_per_version(1, 3) == 1.0  # never below one group
     assert groups_per_version(0, 4) == 1.0  # a learner that consumed nothing counted
+    # a version of publish_every 4 batches takes at least 4 groups: 4 before the first version, so the
+    # lockstep gate (eta 0) admits a whole version's groups: floor((0 + 1) * 4) - 0 = 4
+    assert groups_per_version(0, 0, 4) == 4.0
+    assert capacity(8, 0, 0, 0, groups_per_version(0, 0, 4), 0) == 4
+    assert groups_per_version(9, 2, 4) == 4.5  # 9 groups over 2 versions
+    assert groups_per_version(6, 2, 4) == 4.0  # 3 measured (stale drops uncounted): never below 4
 
 
 def test_filter_stale() -> None:

@@ -14,7 +14,7 @@ from pipeline.taskpool import TaskPool
 from producers import scheduler
 from producers.scheduler import Flight, pick_tasks
 from schemas import topics
-from schemas.config import OffPolicyConfig, RunConfig, SchedulerConfig
+from schemas.config import OffPolicyConfig, PolicyLearnerConfig, RunConfig, SchedulerConfig
 from schemas.events import GroupSettled, RolloutRequest, TaskSpec, WeightsPublished
 from tests.conftest import eventually, wait_records
 
@@ -208,4 +208,24 @@ async def test_requests_of_one_task_spread_over_partitions(kafka_config: Any, tm
         assert len({r.value.task.task_id for r in records}) == 1
         assert all(r.key == r.value.request_id for r in records)
         assert len({r.partition for r in records}) >= 3  # 8 hashed keys on 8 partitions
+        shutdown.set()
+
+
+@pytest.mark.timeout(90)
+async def test_first_version_admits_the_groups_publish_every_needs(kafka_config: Any, tmp_path: Any) -> None:
+    """A version of `publish_every` 3 batches takes at least 3 groups: before it exists the lockstep gate
+    (eta 0) admits 3, not 1 (with 1 the learner would wait for groups the gate never admits)."""
+    cfg = SchedulerConfig(domain="household", seed_tasks=4, seed_difficulty=0, rollouts_per_task=2,
+                          max_concurrent_requests=4, poll_s=0.1)  # fmt: skip
+    config = RunConfig(workdir=str(tmp_path), kafka=kafka_config, scheduler=cfg, off_policy=OffPolicyConfig(eta=0),
+                       policy_learner=PolicyLearnerConfig(publish_every=3))  # fmt: skip
+    shutdown = anyio.Event()
+    async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(scheduler.run, config, shutdown=shutdown))
+        await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 3)
+        # the gate closed on them: capacity min(4 - 3, floor(1 * 3) - (0 + 3)) = 0 (a positive marker)
+        labels = {"running": "3", "accepted": "0", "consumed": "0"}
+        await wait_records(bus, topics.METRICS, lambda v: any(
+            m.name == "scheduler/gate" and m.value == 0 and m.labels == labels for m in v))  # fmt: skip
+        assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3
         shutdown.set()
