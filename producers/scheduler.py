@@ -15,13 +15,14 @@ the groups the policy learner had trained or dropped when it published its lates
 version's `groups_consumed`), and a version's share of groups is what the learner's versions have
 consumed on average (`algorithm.groups_per_version`: a version is `policy_learner.publish_every`
 batches, each whole groups until `policy_learner.batch_samples` samples, so no second setting here;
-never fewer than `publish_every` groups, the share before the first version). So at most eta + 1 versions' worth
-of groups run or wait at the learner, and no trained sample is more than `eta` versions stale unless
-the learner falls behind its own batch size. A group with no signal (every advantage 0: e.g. all
-rollouts failed and the verdicts tell no step apart), or one dropped (a rejected variant), is never
-trained on, so it frees its slot without counting as accepted: otherwise a policy that fails
-everything would stall the loop with the learner waiting for samples that never come. A request never
-settled after `request_timeout_s` (lost to the DLQ, a retired task) stops counting as running.
+never fewer than `RunConfig.version_groups_at_least`, the share before the first version). So at most
+eta + 1 versions' worth of groups run or wait at the learner, and no trained sample is more than `eta`
+versions stale unless the learner falls behind its own batch size. A group with no signal (every
+advantage 0: e.g. all rollouts failed and the verdicts tell no step apart), or one dropped (a rejected
+variant), is never trained on, so it frees its slot without counting as accepted: otherwise a policy
+that fails everything would stall the loop with the learner waiting for samples that never come. A
+request never settled after `request_timeout_s` (lost to the DLQ, a retired task) stops counting as
+running.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
                     flight.running,
                     accepted,
                     consumed or 0,
-                    groups_per_version(consumed or 0, version, config.policy_learner.publish_every),
+                    groups_per_version(consumed or 0, version, config.version_groups_at_least),
                     eta,
                 )
                 gate = (room, flight.running, accepted, consumed, version)

@@ -495,7 +495,7 @@ class ListedAnswers(Struct, frozen=True, kw_only=True):
 
 class RunConfig(Config, frozen=True, kw_only=True):
     """Everything one `forgestream up` needs; each role reads its own section (and what
-    `listed_answers` derives from another's)."""
+    `listed_answers` and `version_groups_at_least` derive from another's)."""
 
     workdir: str = ".work/run"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
@@ -549,6 +549,12 @@ class RunConfig(Config, frozen=True, kw_only=True):
         return ListedAnswers(
             token_loss=learner.listed_token_coef > 0, conditional=bool(learner.listed_conditional)
         )
+
+    @property
+    def version_groups_at_least(self) -> int:
+        """The fewest rollout groups one policy version takes: `policy_learner.publish_every` batches,
+        each one whole group or more (the scheduler's gate, before the learner's first version)."""
+        return self.policy_learner.publish_every
 
     def _resolve_defaults(self) -> None:
         # Fields left unset (None) take values that depend on another section; set once here, so every
