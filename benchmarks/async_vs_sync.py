@@ -5,13 +5,23 @@ generation, judging and training would on devices of their own: actors answer a 
 episodes in `--gen-s`, a judge a trajectory in `--judge-s`, the learners sleep `--train-s` per sample.
 By default the three stages are near balance at ~4 policy samples / s each (an actor turns 8 episodes
 in 2 s; 2 judges at 6 s per trajectory judge 4 / s when a trajectory holds 12 samples; 0.25 s per sample,
-a version per group, one pass), the case where lockstep loses most. The bound is the slowest stage's
-rate, judging's computed from the run's own samples per judged trajectory (episodes' lengths vary).
+one pass), the case where lockstep loses most. A version is `--groups-per-version` groups (a batch per
+group, `policy_learner.publish_every` batches per version; the paper's step is 16 tasks x 8 rollouts).
+The bound is the slowest stage's rate, judging's computed from the run's own samples per judged
+trajectory (episodes' lengths vary).
 
 - lockstep: staleness bound η = 0 (scheduler and learner): the scheduler admits one version's requests,
   they are generated and judged, the learner trains them and publishes, and only then is the next
-  version's work admitted (the paper's released code: generate all, judge all, train, publish);
+  version's work admitted (the paper's released code: generate all, judge all, train, publish; here
+  the learner already trains a version's first groups while its last ones are generated);
 - streaming: the defaults (η = 2): generation and judging of later versions run while the learner trains.
+
+At most (η + 1) versions' groups are in flight (the staleness gate), so the version's size sets how
+deep the stream is. A group is in flight from its request until its version is published: the longest
+of its episodes (up to 40 turns of `--gen-s`), its last judgement, and its training. At one group per
+version three groups in flight covered about 0.56 of the bound (η 4: 0.75). With 8 groups per version
+(and `scheduler.max_concurrent_requests` lifted so that the gate alone bounds them) 24 may be in flight,
+and the gate stays full of requests the actor has not reached yet.
 
 Both are one `forgestream up --ephemeral --minutes M` (the evaluator off; every group trains, whatever
 its outcomes, so random stub answers make samples). Rates are read from the run's metrics
@@ -20,7 +30,8 @@ versions: neither start-up and the pipeline's fill nor the drain after the stop 
 idle time between versions does. A mode needs at least three versions to be measured.
 Writes benchmarks/results/async_vs_sync.json.
 
-    python benchmarks/async_vs_sync.py [--minutes 8] [--gen-s 2.0] [--judge-s 6.0] [--train-s 0.25]
+    python benchmarks/async_vs_sync.py [--minutes 16] [--gen-s 2.0] [--judge-s 6.0] [--train-s 0.25]
+        [--groups-per-version 8]
 """
 
 from __future__ import annotations
@@ -80,10 +91,11 @@ def stage_rates(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=8.0)
+    parser.add_argument("--minutes", type=float, default=16.0)  # lockstep needs 2 versions or more
     parser.add_argument("--gen-s", type=float, default=2.0, help="an actor's turn of 8 episodes")
     parser.add_argument("--judge-s", type=float, default=6.0, help="a judge's verdicts on one trajectory")
     parser.add_argument("--train-s", type=float, default=0.25, help="the policy learner's time per sample")
+    parser.add_argument("--groups-per-version", type=int, default=8, help="groups a policy version trains")
     parser.add_argument("--out", type=Path, default=RESULTS / "async_vs_sync.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -97,15 +109,20 @@ def main() -> None:
         FORGESTREAM_REWARD_MODEL__STUB_STEP_S=str(args.judge_s),
         FORGESTREAM_POLICY_LEARNER__ENGINE="stub",
         FORGESTREAM_POLICY_LEARNER__STUB_SAMPLE_S=str(args.train_s),
-        # a version per group, one pass: the learner's bound is 1 / train-s, and in lockstep (η = 0) the
-        # scheduler admits one group, waits for its version, admits the next
+        # a batch per group, a version per `groups_per_version` batches, one pass: the learner's bound is
+        # 1 / train-s, and in lockstep (η = 0) the scheduler admits a version's groups, waits for the
+        # version, admits the next version's
         FORGESTREAM_POLICY_LEARNER__BATCH_SAMPLES="1",
+        FORGESTREAM_POLICY_LEARNER__PUBLISH_EVERY=str(args.groups_per_version),
         FORGESTREAM_POLICY_LEARNER__EPOCHS="1",
         FORGESTREAM_REWARD_LEARNER__ENGINE="stub",
         FORGESTREAM_REWARD_LEARNER__STUB_SAMPLE_S=str(args.train_s / 10),  # never the bottleneck
         FORGESTREAM_SIGNALS__POLICY_ACC_LOW="0",  # random answers rarely mix outcomes: train every group
         FORGESTREAM_SIGNALS__POLICY_ACC_HIGH="1",
         FORGESTREAM_SCHEDULER__SEED_DIFFICULTY="1",
+        # only the staleness gate bounds the groups in flight: at the default 8 a group still counts as
+        # running while it waits for its judges, and 8 running groups left the actor's slots idle
+        FORGESTREAM_SCHEDULER__MAX_CONCURRENT_REQUESTS="64",
         # a partial batch trains after 1 s idle in both modes (the default 45 s would stall lockstep)
         FORGESTREAM_POLICY_LEARNER__BATCH_WAIT_S="1",
         FORGESTREAM_REWARD_LEARNER__BATCH_WAIT_S="1",
@@ -142,6 +159,7 @@ def main() -> None:
             "judge_trajectory": args.judge_s,
             "train_sample": args.train_s,
         },  # fmt: skip
+        "groups_per_version": args.groups_per_version,
         "rates": "policy samples trained / s between the learner's first and last versions; the bound is "
         "the slowest stage's rate (stage_rates), judging's from the run's samples per judged trajectory",
         "rows": rows,
