@@ -34,10 +34,10 @@ def start_up(name: str, minutes: float, env: dict[str, str], *flags: str) -> tup
     return workdir, up
 
 
-def run_up(name: str, minutes: float, env: dict[str, str]) -> Path:
-    """One `forgestream up --ephemeral --minutes M` in a fresh `.work/<name>`; RuntimeError naming its
-    log if it fails. Returns the workdir (report/summary.json, tensorboard/)."""
-    workdir, up = start_up(name, minutes, env, "--ephemeral")
+def run_up(name: str, minutes: float, env: dict[str, str], *flags: str) -> Path:
+    """One `forgestream up --ephemeral --minutes M FLAGS` in a fresh `.work/<name>`; RuntimeError naming
+    its log if it fails. Returns the workdir (report/summary.json, tensorboard/)."""
+    workdir, up = start_up(name, minutes, env, "--ephemeral", *flags)
     if up.wait() != 0:
         raise RuntimeError(f"up ({name}) failed; see {workdir / 'up.log'}")
     return workdir
