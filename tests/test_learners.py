@@ -418,6 +418,32 @@ def test_a_crash_right_after_a_checkpoint_keeps_its_step_in_the_lineage(tmp_path
     assert sorted(lineage_keys(root)) == sorted(s.key for s in fixed_batch(4))
 
 
+def test_a_checkpoint_from_before_groups_were_counted_stays_unknown(tmp_path: Path) -> None:
+    """A checkpoint written before the learner counted the groups it consumed (its state has no
+    `groups_consumed`) restores as unknown, stays unknown through training, and its versions say so (the
+    scheduler then gates on running requests only), rather than counting from 0 against a scheduler
+    that saw every group settle."""
+    from learners import policy
+    from learners.core import Learner
+    from schemas.config import KafkaConfig
+
+    config = role_config(tmp_path, KafkaConfig())
+    learner = Learner(config, policy.spec(config))
+    learner.pending = fixed_batch(4)
+    (first,) = [s for s in learner._train_batch() if s.published is not None]
+    assert first.published.groups_consumed == 4  # counted from 0: four samples without a group, four groups
+    latest = ckpt.latest_checkpoint(Path(config.workdir) / "checkpoints" / "policy")
+    state = json.loads((latest / "state.json").read_bytes())
+    del state["groups_consumed"]  # as an older learner wrote it
+    (latest / "state.json").write_text(json.dumps(state))
+
+    restored = Learner(config, policy.spec(config))
+    assert restored.state.version == 1 and restored.state.groups_consumed is None
+    restored.pending = fixed_batch(4)
+    (second,) = [s for s in restored._train_batch() if s.published is not None]
+    assert second.published.version == 2 and second.published.groups_consumed is None
+
+
 # --- the policy learner role against the real broker ---
 def tiny_model_dir(root: Path) -> Path:
     from infra.models.tokenizer import train_word_tokenizer
