@@ -103,6 +103,19 @@ def settled(request: RolloutRequest, policy_samples: int) -> GroupSettled:
                         action="train", rollouts=request.n, policy_samples=policy_samples)  # fmt: skip
 
 
+async def gate(bus: Bus, room: int, running: int, accepted: int, consumed: int | None, version: int,
+               times: int = 1) -> None:  # fmt: skip
+    """Wait until the scheduler has decided this capacity (a positive marker: it saw the events)."""
+    labels = {"running": str(running), "accepted": str(accepted), "consumed": str(consumed)}
+
+    def seen(values: list) -> bool:
+        hits = [m for m in values if m.name == "scheduler/gate" and m.value == room and m.step == version
+                and m.labels == labels]  # fmt: skip
+        return len(hits) >= times
+
+    await wait_records(bus, topics.METRICS, seen)
+
+
 @pytest.mark.timeout(90)
 async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config: Any, tmp_path: Any) -> None:
     # eta=0: capacity = min(4 - running, floor(1 * per_version) - (accepted - consumed + running)),
@@ -127,18 +140,6 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         assert len(seeded) == 3 and len({t.signature for t in seeded}) == 3
         assert all(t.status == "active" and t.difficulty == 0 for t in seeded)
 
-        async def gate(room: int, running: int, accepted: int, consumed: int | None, version: int,
-                       times: int = 1) -> None:  # fmt: skip
-            """Wait until the scheduler has decided this capacity (a positive marker: it saw the events)."""
-            labels = {"running": str(running), "accepted": str(accepted), "consumed": str(consumed)}
-
-            def seen(values: list) -> bool:
-                hits = [m for m in values if m.name == "scheduler/gate" and m.value == room and m.step == version
-                        and m.labels == labels]  # fmt: skip
-                return len(hits) >= times
-
-            await wait_records(bus, topics.METRICS, seen)
-
         async def publish(version: int, consumed: int | None) -> None:
             await bus.send(topics.WEIGHTS, WeightsPublished(model="policy", version=version, uri=f"mem://v{version}",
                            sha256="0" * 64, bytes=1, groups_consumed=consumed), key="policy")  # fmt: skip
@@ -148,7 +149,7 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
 
         # version 0, nothing judged: capacity 1 -> exactly one request, then the gate closes.
         first = await requests(1)
-        await gate(0, running=1, accepted=0, consumed=0, version=0)
+        await gate(bus, 0, running=1, accepted=0, consumed=0, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
         request = first[0]
         assert request.n == 2 and request.task.task_id in {t.task_id for t in seeded}
@@ -157,14 +158,14 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         # request; a copy (signals restarted) changes nothing.
         for _ in range(2):
             await bus.send(topics.GROUPS, settled(request, policy_samples=4), key=request.request_id)
-        await gate(0, running=0, accepted=1, consumed=0, version=0)
+        await gate(bus, 0, running=0, accepted=1, consumed=0, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 1
 
         # policy v1, its learner having consumed that group: capacity 1 - (1 - 1) = 1 -> exactly one
         # more request, for another task.
         await publish(1, consumed=1)
         both = await requests(2)
-        await gate(0, running=1, accepted=1, consumed=1, version=1)
+        await gate(bus, 0, running=1, accepted=1, consumed=1, version=1)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 2
         (second,) = [r for r in both if r.request_id != request.request_id]  # records come per partition
         assert second.task.task_id != request.task.task_id  # least-scheduled task first
@@ -173,19 +174,19 @@ async def test_scheduler_seeds_pool_and_gates_requests_by_capacity(kafka_config:
         # -> capacity 1 - (0 + 0) = 1 -> a third request.
         await bus.send(topics.GROUPS, settled(second, policy_samples=0), key=second.request_id)
         await requests(3)
-        await gate(0, running=1, accepted=1, consumed=1, version=1, times=2)
+        await gate(bus, 0, running=1, accepted=1, consumed=1, version=1, times=2)
 
         # policy v2 after 4 groups consumed in all: 2 per version -> capacity floor(1 * 2) - (0 + 1) = 1,
         # a fourth request (the learner counted groups this scheduler never saw settle: nothing is ahead)
         await publish(2, consumed=4)
         await requests(4)
-        await gate(0, running=2, accepted=1, consumed=4, version=2)
+        await gate(bus, 0, running=2, accepted=1, consumed=4, version=2)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 4
 
         # a learner that does not count (None): nothing counts as queued at it, one group per version
         # -> capacity 1 - running 2 < 0 -> 0, and no fifth request
         await publish(3, consumed=None)
-        await gate(0, running=2, accepted=0, consumed=None, version=3)
+        await gate(bus, 0, running=2, accepted=0, consumed=None, version=3)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 4
         shutdown.set()
 
@@ -223,9 +224,7 @@ async def test_first_version_admits_the_groups_publish_every_needs(kafka_config:
     async with Bus(kafka_config, role="test") as bus, anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(scheduler.run, config, shutdown=shutdown))
         await wait_records(bus, topics.ROLLOUT_REQUESTS, lambda v: len(v) >= 3)
-        # the gate closed on them: capacity min(4 - 3, floor(1 * 3) - (0 + 3)) = 0 (a positive marker)
-        labels = {"running": "3", "accepted": "0", "consumed": "0"}
-        await wait_records(bus, topics.METRICS, lambda v: any(
-            m.name == "scheduler/gate" and m.value == 0 and m.labels == labels for m in v))  # fmt: skip
+        # the gate closed on them: capacity min(4 - 3, floor(1 * 3) - (0 + 3)) = 0
+        await gate(bus, 0, running=3, accepted=0, consumed=0, version=0)
         assert len(await bus.read_topic(topics.ROLLOUT_REQUESTS)) == 3
         shutdown.set()
