@@ -26,8 +26,9 @@ and the gate stays full of requests the actor has not reached yet.
 Both are one `forgestream up --ephemeral --minutes M --without env-model` (the evaluator off, the task
 pool fixed; every group trains, whatever its outcomes, so random stub answers make samples). Rates are
 read from the run's metrics (`learner/policy/samples_trained`, `signals/policy_samples`) between the
-learner's first and last versions: neither start-up and the pipeline's fill nor the drain after the stop counts, the learner's
-idle time between versions does. A mode needs at least three versions to be measured.
+learner's first and last reports of samples trained (one per optimizer step): neither start-up and the
+pipeline's fill nor the drain after the stop counts, the learner's idle time between them does. A mode
+needs at least three reports to be measured.
 Writes benchmarks/results/async_vs_sync.json.
 
     python benchmarks/async_vs_sync.py [--minutes 16] [--gen-s 2.0] [--judge-s 6.0] [--train-s 0.25]
