@@ -78,7 +78,8 @@ class Progress:
     # policy version a rollout started with -> its task's difficulty -> [successes, rollouts] (the env
     # model moves tasks between levels: pooled over levels, a version's success says more about its mix)
     success_by_version: dict[int, dict[int, list[int]]] = field(default_factory=dict)
-    # evaluator: level -> {policy version: held-out success}; reward version -> process accuracy
+    # evaluator: level ("8"; "8 redraw" for the redraw mode) -> {policy version: held-out success};
+    # reward version -> process accuracy
     heldout: dict[str, dict[int, float]] = field(default_factory=dict)
     process_accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
@@ -158,7 +159,9 @@ class Progress:
             self.add_usage(process, pid, **{figure: metric.value})
             return
         if metric.name == "eval/policy/success":
-            self.heldout.setdefault(metric.labels.get("level", "?"), {})[metric.step] = metric.value
+            level, mode = metric.labels.get("level", "?"), metric.labels.get("mode", "sampled")
+            curve = level if mode == "sampled" else f"{level} {mode}"
+            self.heldout.setdefault(curve, {})[metric.step] = metric.value
         elif metric.name in ("eval/reward/accuracy", "eval/reward/balanced_accuracy"):
             self.process_accuracy.setdefault(metric.name.rsplit("/", 1)[1], {})[metric.step] = metric.value
         if metric.name.endswith("staleness"):

@@ -27,6 +27,7 @@ from schemas.config import RunConfig
 if TYPE_CHECKING:
     from app.progress import Progress
     from infra.broker import Broker
+    from schemas.events import Metric
 
 # Start order matters only for speed: consumers first so nothing waits on a rebalance for long.
 ROLE_ORDER = [
@@ -44,6 +45,16 @@ ROLE_ORDER = [
 # Roles that need little CPU and no model: by default one process runs them all as tasks (fewer
 # interpreters on a small machine); `--separate-light-roles` gives each its own.
 LIGHT_ROLES = ("forge", "signals", "env-model", "scheduler")
+
+# Metric labels that make a TensorBoard curve of their own: a process's usage, the evaluator's held-out
+# level and mode. Other labels (a task, a reason) would make a curve per value and stay out of the tag.
+CURVE_LABELS = ("process", "level", "mode")
+
+
+def board_tag(metric: Metric) -> str:
+    """The TensorBoard tag of a metric: its name, then its curve labels' values in CURVE_LABELS order."""
+    return metric.name + "".join(f"/{metric.labels[k]}" for k in CURVE_LABELS if metric.labels.get(k))
+
 
 # Roles off the policy's critical path run at a lower CPU priority: on a small machine the actor ->
 # judge -> signals -> policy learner chain gets the cores first, and these use what is left.
@@ -322,9 +333,8 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                     t = record.timestamp_ms / 1000.0
                     progress.apply(record.topic, record.value, t)
                     if record.topic == METRICS:  # every role's metrics, by name, against wall time
-                        process = record.value.labels.get("process")  # usage: a curve per process
                         board.add_scalar(
-                            record.value.name + (f"/{process}" if process else ""),
+                            board_tag(record.value),
                             record.value.value,
                             walltime=t,
                             global_step=max(0, int(t - progress.started)),

@@ -2,7 +2,8 @@
 
 Consumes: forge.weights (follows it; nothing is committed: a restart re-evaluates what it must).
 Produces: metrics on forge.metrics, step = the evaluated version:
-  `eval/policy/{success,invalid_rate,ci_low,ci_high,mean_steps}` (label level);
+  `eval/policy/{success,invalid_rate,ci_low,ci_high,mean_steps}` (labels level and mode: sampled, or
+  redraw as the actors play, per `evaluator.modes`);
   `eval/reward/{accuracy,balanced_accuracy,said_good}` (process accuracy on fixed labelled steps).
 Runs beside the loop, never in it: it loads its own copies of the weights, and when it falls behind
 it skips to the newest version (at least `evaluator.every_versions` after the last one evaluated),
@@ -43,9 +44,11 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
     store = WeightStore.for_run(config)
     steps: list[PlayedStep] = []  # fixed labelled steps for the reward model, played once at start
 
-    def heldout_success() -> dict[str, dict[str, Any]]:
-        return evaluate_policy(policy, domain, levels, cfg.tasks_per_level, temperatures={"sampled": pm.temperature},
-                               max_tokens=pm.max_new_tokens, max_steps=cfg.max_steps, seed=config.seed)["sampled"]  # fmt: skip
+    def heldout_success() -> dict[str, dict[str, dict[str, Any]]]:
+        return evaluate_policy(policy, domain, levels, cfg.tasks_per_level,
+                               temperatures={mode: pm.temperature for mode in cfg.modes},
+                               max_tokens=pm.max_new_tokens, max_steps=cfg.max_steps, seed=config.seed,
+                               redraws={"redraw": config.actor.redraw})  # fmt: skip
 
     def labelled_steps() -> list[PlayedStep]:
         played = play_heldout(policy, domain, levels[0], cfg.tasks_per_level, temperature=pm.temperature,
@@ -61,12 +64,14 @@ async def run(config: RunConfig, *, shutdown: anyio.Event | None = None) -> None
 
         async def evaluate(name: str) -> None:
             if name == "policy":
-                results = await anyio.to_thread.run_sync(heldout_success)
-                for level, r in results.items():
-                    for metric in ("success", "invalid_rate", "ci_low", "ci_high", "mean_steps"):
-                        await bus.metric(f"eval/policy/{metric}", r[metric], step=policy.version, level=level)
-                log.info("policy v%d held-out: %s", policy.version,
-                         {lv: round(r["success"], 3) for lv, r in results.items()})  # fmt: skip
+                by_mode = await anyio.to_thread.run_sync(heldout_success)
+                for mode, results in by_mode.items():
+                    for level, r in results.items():
+                        for metric in ("success", "invalid_rate", "ci_low", "ci_high", "mean_steps"):
+                            await bus.metric(f"eval/policy/{metric}", r[metric], step=policy.version,
+                                             level=level, mode=mode)  # fmt: skip
+                    log.info("policy v%d held-out, %s: %s", policy.version, mode,
+                             {lv: round(r["success"], 3) for lv, r in results.items()})  # fmt: skip
             else:
                 assert judge is not None
                 out = await anyio.to_thread.run_sync(

@@ -362,6 +362,10 @@ class EvaluatorConfig(Config, frozen=True, kw_only=True):
     """Labelled held-out steps for the reward model's process accuracy (every `every_versions` reward
     versions); 0 = policy only."""
     max_steps: Annotated[int, Meta(ge=1, le=200)] = 40
+    modes: Annotated[tuple[Literal["sampled", "redraw"], ...], Meta(min_length=1)] = ("sampled",)
+    """How held-out episodes are played: sampled (every answer played, the paper's measure) and/or
+    redraw (the first listed of `actor.redraw` answers, as this run's actors play; needs actor.redraw > 1).
+    Each mode is a full evaluation: two modes cost the loop's shared CPU twice."""
 
 
 class LearnerConfig(Config, frozen=True, kw_only=True):
@@ -533,6 +537,9 @@ class RunConfig(Config, frozen=True, kw_only=True):
             (not self.policy_learner.listed_conditional or self.actor.redraw > 1,
              f"policy_learner.listed_conditional needs actor.redraw > 1 (it is {self.actor.redraw}): only "
              "redrawn play draws from the policy conditioned on naming a listed action"),
+            ("redraw" not in self.evaluator.modes or self.actor.redraw > 1,
+             f"evaluator.modes {list(self.evaluator.modes)} plays as the actors redraw, and actor.redraw is "
+             f"{self.actor.redraw}: set actor.redraw > 1 or leave \"redraw\" out"),
             (self.forge.low <= self.forge.high, f"forge.low ({self.forge.low}) > forge.high ({self.forge.high})"),
             *((learner.ranks == 1 or learner.engine == "deepspeed",
                f"{name}.ranks ({learner.ranks}) needs {name}.engine = \"deepspeed\": engine "

@@ -45,7 +45,12 @@ async def test_evaluator_reports_every_k_versions(
         reward_model=REWARD,
         scheduler=SchedulerConfig(seed_difficulty=1),
         evaluator=EvaluatorConfig(
-            every_versions=2, tasks_per_level=3, max_steps=3, reward_steps=6, levels=(0, 2)
+            every_versions=2,
+            tasks_per_level=3,
+            max_steps=3,
+            reward_steps=6,
+            levels=(0, 2),
+            modes=("sampled", "redraw"),
         ),
     )
     shutdown = anyio.Event()
@@ -70,7 +75,10 @@ async def test_evaluator_reports_every_k_versions(
         )
         shutdown.set()
     success = [m for m in metrics if m.name == "eval/policy/success"]
-    assert sorted((m.step, m.labels["level"]) for m in success) == [(0, "0"), (0, "2"), (2, "0"), (2, "2")]
+    # each evaluated version, level and mode once (redraw: as the actors play, actor.redraw resolved to 8)
+    assert sorted((m.step, m.labels["level"], m.labels["mode"]) for m in success) == [
+        (v, level, mode) for v in (0, 2) for level in ("0", "2") for mode in ("redraw", "sampled")
+    ]
     assert all(0.0 <= m.value <= 1.0 for m in success)
     for name in (
         "eval/policy/invalid_rate",

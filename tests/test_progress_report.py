@@ -116,11 +116,31 @@ def test_progress_folds_evaluations_per_version():
             role="evaluator", name="eval/policy/success", value=value, step=version, labels={"level": level}
         )
         p.apply(tp.METRICS, metric, 1.0)
+    # with a mode label, sampled is the level's own curve
+    for mode, value in (("sampled", 0.75), ("redraw", 0.875)):
+        labels = {"level": "5", "mode": mode}
+        metric = ev.Metric(role="evaluator", name="eval/policy/success", value=value, step=8, labels=labels)
+        p.apply(tp.METRICS, metric, 1.0)
     p.apply(tp.METRICS, ev.Metric(role="evaluator", name="eval/reward/accuracy", value=0.6, step=2), 1.0)
-    assert p.heldout == {"3": {0: 0.3, 4: 0.5}, "5": {4: 0.125}}  # a re-evaluated version: last wins
+    # a re-evaluated version: last wins
+    assert p.heldout == {"3": {0: 0.3, 4: 0.5}, "5": {4: 0.125, 8: 0.75}, "5 redraw": {8: 0.875}}
     snap = p.snapshot()
-    assert snap["heldout_success"] == {"3": {"version": 4, "value": 0.5}, "5": {"version": 4, "value": 0.125}}
+    assert snap["heldout_success"] == {"3": {"version": 4, "value": 0.5}, "5": {"version": 8, "value": 0.75},
+                                       "5 redraw": {"version": 8, "value": 0.875}}  # fmt: skip
     assert snap["process_accuracy"] == {"accuracy": {"version": 2, "value": 0.6}}
+
+
+def test_board_tags_make_a_curve_per_process_level_and_mode_only():
+    from app.up import board_tag
+
+    def tag(**labels: str) -> str:
+        return board_tag(ev.Metric(role="r", name="eval/policy/success", value=0.5, labels=labels))
+
+    assert tag() == "eval/policy/success"
+    assert tag(level="8", mode="redraw") == "eval/policy/success/8/redraw"
+    assert tag(mode="sampled", level="9") == "eval/policy/success/9/sampled"  # CURVE_LABELS' order
+    assert tag(process="judge", pid="41") == "eval/policy/success/judge"  # a restart stays on its curve
+    assert tag(task="t1", reason="stale") == "eval/policy/success"  # one curve per task would be thousands
 
 
 def test_progress_sums_cpu_over_a_roles_processes_and_restarts():

@@ -346,6 +346,10 @@ def test_secrets_never_appear_in_a_config_repr() -> None:
         ({"FORGESTREAM_SIGNALS__RM_ACC_HIGH": "0.1"}, ("rm_acc_low", "rm_acc_high")),
         ({"FORGESTREAM_FORGE__LOW": "0.9"}, ("forge.low", "forge.high")),
         ({"FORGESTREAM_REWARD_LEARNER__RANKS": "2"}, ("reward_learner.ranks", "reward_learner.engine")),
+        (
+            {"FORGESTREAM_EVALUATOR__MODES": '["sampled", "redraw"]', "FORGESTREAM_ACTOR__REDRAW": "1"},
+            ("evaluator.modes", "actor.redraw"),
+        ),
     ],
 )
 def test_cross_field_rules_fail_at_load_naming_both_fields(
@@ -356,6 +360,16 @@ def test_cross_field_rules_fail_at_load_naming_both_fields(
     with pytest.raises(ConfigError) as failed:
         load_config(environ=env)
     assert all(name in str(failed.value) for name in names)
+
+
+def test_the_evaluator_plays_at_least_one_known_mode() -> None:
+    from infra.config import ConfigError, load_config
+
+    assert load_config(environ={"FORGESTREAM_EVALUATOR__MODES": '["redraw"]'}).evaluator.modes == ("redraw",)
+    with pytest.raises(ConfigError, match=r"length >= 1 - at `\$\.evaluator\.modes`"):
+        load_config(environ={"FORGESTREAM_EVALUATOR__MODES": "[]"})
+    with pytest.raises(ConfigError, match=r"evaluator\.modes"):
+        load_config(environ={"FORGESTREAM_EVALUATOR__MODES": '["greedy"]'})
 
 
 def test_the_judges_temperature_is_the_reward_models_set_once() -> None:
