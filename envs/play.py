@@ -138,6 +138,9 @@ def play_tasks(
     `redraw` > 1 each turn plays the first valid of up to that many answers (`draw_until_valid`): the
     policy conditioned on answering in format, its own preferences among the listed actions kept."""
     ask = getattr(env, "expert_response", None) if expert else None
+    prefetch = getattr(env, "prefetch", None)  # a domain whose tasks are costly to build (TextWorld)
+    if prefetch is not None:
+        prefetch(tasks)
     episodes = [env.reset(t) for t in tasks]
     records = [PlayedEpisode(level=t.difficulty, outcome=-1) for t in tasks]
     history: list[list[str]] = [[] for _ in tasks]

@@ -71,6 +71,14 @@ def _training_task(
     return env.sample_task(level, random.Random(first + rng.randrange(drawn)))
 
 
+def _pool_tasks(env: Any, dagger_round: int | None = None) -> list[Any]:
+    """Every task `_training_task` can draw from an env's pool of games (DAgger round `dagger_round`'s)."""
+    drawn = dagger_pool(env, dagger_round) if dagger_round is not None else env.bootstrap_games
+    return [
+        env.sample_task(level, random.Random(i)) for level in _bootstrap_levels(env) for i in range(drawn)
+    ]
+
+
 def dagger_pool(env: Any, dagger_round: int) -> int:
     """Games per level DAgger round `dagger_round` draws from: the env's `dagger_games` entry for it
     (the last one past its end), else the demonstrations' pool (0: no pool)."""
@@ -176,6 +184,9 @@ def policy_pairs(
     envs_by_domain = available_environments(domains, expert=expert)
     if not envs_by_domain:
         raise RuntimeError(f"no bootstrap domain available among {domains}")
+    for env in envs_by_domain.values():  # a pool of costly games: build it at once, one game per core
+        if getattr(env, "prefetch", None) is not None and getattr(env, "bootstrap_games", 0):
+            env.prefetch(_pool_tasks(env, dagger_round))
     rng = random.Random(seed)
     names = sorted(envs_by_domain)
     while True:

@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -15,6 +16,7 @@ import pytest
 pytest.importorskip("textworld")
 
 from envs import get_environment  # noqa: E402
+from envs.textworld import games  # noqa: E402
 from envs.textworld.env import (  # noqa: E402
     COOKBOOK,
     CUSTOM_LADDER,
@@ -22,6 +24,7 @@ from envs.textworld.env import (  # noqa: E402
     LADDER,
     TextWorldCustomEnv,
     TextWorldEnv,
+    knobs_of,
     recipe_of,
 )
 from envs.textworld.games import COOKING_KNOBS, CUSTOM_KNOBS, GameGenerationError, game_file  # noqa: E402
@@ -169,6 +172,38 @@ def test_generation_failure_is_a_clear_error(tmp_path: Path) -> None:
     bad = msgspec.structs.replace(bad, params={**bad.params, "go": 5})
     with pytest.raises(ValueError, match="failed"):
         env.oracle(bad)
+
+
+def test_a_batch_of_games_is_generated_side_by_side(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`prefetch` (what `play_tasks` calls before a batch's resets) runs `tw-make` for the missing games
+    at once, not one after the other; a game that cannot be built fails the batch only after the rest
+    are in the cache."""
+    monkeypatch.setenv("FORGESTREAM_HOME", str(tmp_path))
+    spans: list[tuple[float, float]] = []
+    real_run = subprocess.run
+
+    def timed_run(*args, **kwargs):  # the real generator, its start and end recorded
+        start = time.monotonic()
+        try:
+            return real_run(*args, **kwargs)
+        finally:
+            spans.append((start, time.monotonic()))
+
+    monkeypatch.setattr(games.subprocess, "run", timed_run)
+    env = TextWorldEnv()
+    tasks = [env.sample_task(0, random.Random(seed)) for seed in (11, 12)]
+    before = games.generated
+    env.prefetch(tasks)
+    assert games.generated - before == 2 and len(spans) == 2
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert b_start < a_end  # the second generation started before the first one ended
+    env.prefetch(tasks)  # cached: nothing runs
+    assert len(spans) == 2
+    good = env.sample_task(0, random.Random(13))
+    bad = msgspec.structs.replace(good, seed=good.seed + 1, params={**good.params, "go": 5})
+    with pytest.raises(GameGenerationError, match="--go 5"):
+        env.prefetch([bad, good])
+    assert game_file(knobs_of(good.params), good.seed).is_file() and len(spans) == 4
 
 
 def test_the_ladder_adds_one_complication_per_rung() -> None:

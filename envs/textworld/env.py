@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from envs.base import ANSWER_INSTRUCTION, Direction, StepResult, boxed, listed_prefix, parse_choice
-from envs.textworld.games import COOKING_KNOBS, CUSTOM_KNOBS, GameGenerationError, game_file, game_key
+from envs.textworld.games import (
+    COOKING_KNOBS,
+    CUSTOM_KNOBS,
+    GameGenerationError,
+    game_file,
+    game_key,
+    generate_games,
+)
 from schemas.events import CriticFeedback, TaskSpec
 
 INSTRUCTION = ANSWER_INSTRUCTION
@@ -286,6 +293,11 @@ class TextWorldEnv:
 
     def reset(self, task: TaskSpec) -> TextWorldEpisode:
         return TextWorldEpisode(task)
+
+    def prefetch(self, tasks: list[TaskSpec]) -> None:
+        """Build the games of `tasks` now, one per core (those already in the cache cost nothing), so
+        that the resets of a batch played side by side do not generate them one at a time."""
+        generate_games([(knobs_of(t.params), t.seed) for t in tasks])
 
     def oracle(self, task: TaskSpec) -> list[str]:
         """The engine's walkthrough as `\\boxed{command}` answers, one per turn; ValueError when the game

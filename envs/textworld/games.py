@@ -6,6 +6,7 @@ version, knobs, seed). A game is generated in a private staging folder and renam
 reader never sees half a game; an flock per key makes concurrent actors and judges wait for one
 generation instead of running several. Generation runs as a subprocess with a timeout: a failure or a
 hang is a `GameGenerationError` naming the command and the engine's last words, never a stuck role.
+`generate_games` builds many at once (a preset's pools, a batch of held-out games), one per core.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ GENERATE_TIMEOUT_S = 300.0
 COOKING_KNOBS = ("recipe", "take", "go", "open", "cook", "cut", "drop")
 CUSTOM_KNOBS = ("world_size", "nb_objects", "quest_length")
 generated = 0  # games this process generated (the rest came from the cache)
+_counting = threading.Lock()
 
 
 class GameGenerationError(RuntimeError):
@@ -122,5 +126,18 @@ def game_file(knobs: dict[str, Any], seed: int, *, root: Path | None = None) -> 
             raise GameGenerationError(f"{' '.join(cmd)} failed ({done.returncode}): {tail}")
         os.replace(staging, root / key)
         global generated
-        generated += 1
+        with _counting:  # `generate_games` runs this in threads
+            generated += 1
     return final
+
+
+def generate_games(
+    specs: Iterable[tuple[dict[str, Any], int]], *, workers: int | None = None, root: Path | None = None
+) -> list[Path]:
+    """The games of (knobs, seed) `specs`, in order, the missing ones generated `workers` at a time
+    (default: one per core; `tw-make` is one process on one core, so a batch played one game after the
+    other left the other cores idle). The first `GameGenerationError` is raised once the rest are done."""
+    root = root or cache_root()
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:  # waits for every game
+        builds = [pool.submit(game_file, knobs, seed, root=root) for knobs, seed in specs]
+    return [build.result() for build in builds]
