@@ -71,12 +71,17 @@ def _training_task(
     return env.sample_task(level, random.Random(first + rng.randrange(drawn)))
 
 
-def _pool_tasks(env: Any, dagger_round: int | None = None) -> list[Any]:
-    """Every task `_training_task` can draw from an env's pool of games (DAgger round `dagger_round`'s)."""
-    drawn = dagger_pool(env, dagger_round) if dagger_round is not None else env.bootstrap_games
-    return [
-        env.sample_task(level, random.Random(i)) for level in _bootstrap_levels(env) for i in range(drawn)
-    ]
+def prefetch_pools(domains: list[str], dagger_round: int | None = None) -> None:
+    """Build every game the demonstrations of `domains` may draw (DAgger round `dagger_round`'s pool) at
+    once, one per core, where a domain's tasks are costly to build and come from a pool (TextWorld);
+    drawn lazily, they were built one at a time. A preset build calls this before its SFT or round."""
+    for env in available_environments(domains).values():
+        games = (
+            dagger_pool(env, dagger_round) if dagger_round is not None else getattr(env, "bootstrap_games", 0)
+        )
+        if games and getattr(env, "prefetch", None) is not None:
+            env.prefetch([env.sample_task(level, random.Random(i))
+                          for level in _bootstrap_levels(env) for i in range(games)])  # fmt: skip
 
 
 def dagger_pool(env: Any, dagger_round: int) -> int:
@@ -184,9 +189,6 @@ def policy_pairs(
     envs_by_domain = available_environments(domains, expert=expert)
     if not envs_by_domain:
         raise RuntimeError(f"no bootstrap domain available among {domains}")
-    for env in envs_by_domain.values():  # a pool of costly games: build it at once, one game per core
-        if getattr(env, "prefetch", None) is not None and getattr(env, "bootstrap_games", 0):
-            env.prefetch(_pool_tasks(env, dagger_round))
     rng = random.Random(seed)
     names = sorted(envs_by_domain)
     while True:

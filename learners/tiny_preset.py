@@ -226,6 +226,7 @@ def _build_tiny(model: ModelConfig, role: Role, out: Path, root: Path, rollout_p
     data: dict[str, object] = {}
     resumed: list[str] = []
     if role == "policy":
+        bootstrap.prefetch_pools(domains)
         pairs = bootstrap.policy_pairs(domains, seed=model.seed, expert=model.bootstrap_expert)
     else:
         rollouts = None
@@ -299,6 +300,7 @@ def _dagger_round(net: Any, tokenizer: Any, model: ModelConfig, domains: list[st
     from learners import bootstrap
 
     seed = model.seed + 1 + round_index
+    bootstrap.prefetch_pools(domains, round_index)  # the games it plays and its demonstrations' alike
     own = bootstrap.visited_state_pairs(
         HFBackend(out), domains, episodes=dagger_episodes(model), levels=model.bootstrap_dagger_levels,
         seed=seed, temperature=model.temperature, max_tokens=model.max_new_tokens, expert=model.bootstrap_expert,

@@ -312,6 +312,15 @@ def test_the_second_dagger_round_widens_the_pool_to_games_the_sft_never_saw(
 
     monkeypatch.setattr(bootstrap, "_walk", lambda env, task, rng: [(Drawn(task), 0, "look")])
     assert len(draws(None)) == 80 and len(draws(1)) == 320  # 5 rungs: the round's demonstrations widen too
+    # the build generates a pool's games at once before drawing from it: exactly the games drawn
+    asked: list[str] = []
+    monkeypatch.setattr(
+        TextWorldEnv, "prefetch", lambda self, tasks: asked.extend(t.signature for t in tasks)
+    )
+    for dagger_round in (None, 1):
+        asked.clear()
+        bootstrap.prefetch_pools(["textworld", "household"], dagger_round)
+        assert len(asked) == len(set(asked)) and set(asked) == draws(dagger_round)
 
 
 def test_custom_games_are_their_own_domain_with_oracle_labels_and_variants(
