@@ -25,6 +25,8 @@ from app.cli import DRAIN_GRACE_S
 from schemas.config import RunConfig
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from app.progress import Progress
     from infra.broker import Broker
     from schemas.events import Metric
@@ -107,6 +109,42 @@ class RestartPolicy:
             return None
         rp.restarts += 1
         return now + min(self.max_backoff_s, self.first_backoff_s * 2 ** (rp.restarts - 1))
+
+
+@dataclass
+class BrokerWatch:
+    """When `up` restarts a durable broker that runs but does not answer: after `unresponsive_s` of
+    failed probes in a row (one every `probe_every_s`). Longer than the 60 s outage a run must wait
+    out by itself (`bench chaos` freezes the broker that long), since a restart costs the roles a
+    reconnect; a broker restarted on its data keeps its topics and offsets. Seen here: s3rver went on
+    running but reset every connection 25 minutes into a durable run, so Tansu answered nothing and the
+    run idled to its end; a fresh s3rver on the same data served it at once."""
+
+    probe_every_s: float = 15.0
+    unresponsive_s: float = 90.0
+    silent_since: float | None = None
+
+    def restart_now(self, answered: bool, now: float) -> bool:
+        """Record one probe at `now`; True when the broker has not answered for `unresponsive_s`."""
+        if answered:
+            self.silent_since = None
+            return False
+        if self.silent_since is None:
+            self.silent_since = now
+        if now - self.silent_since < self.unresponsive_s:
+            return False
+        self.silent_since = None  # the restart starts a fresh count
+        return True
+
+
+def _restart_broker(broker: Broker, console: Console, why: str) -> None:
+    from infra.broker import BrokerError
+
+    console.print(f"{why}: restarting it on its data (roles reconnect)")
+    try:
+        broker.restart()  # main thread: it dies with us (die_with_parent)
+    except BrokerError as e:
+        console.print(f"broker restart failed ({e}); retrying")
 
 
 @dataclass
@@ -257,7 +295,7 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
 
     from app.progress import PROGRESS_TOPICS, Progress
     from app.run_folder import record_broker
-    from infra.broker import Broker, BrokerError
+    from infra.broker import Broker
     from infra.bus import Bus
     from infra.topics import create_topics
     from schemas.topics import JUDGED, METRICS
@@ -361,7 +399,8 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
             start = time.time()  # the clock starts once the roles run, not while presets build
             deadline = start + options.minutes * 60 if options.minutes else None
             start_version: int | None = None
-            last_line = last_usage = 0.0
+            last_line = last_usage = last_probe = 0.0
+            watch = BrokerWatch()
             live = (
                 Live(_render(progress, procs, 0), console=console, refresh_per_second=2)
                 if options.live
@@ -400,11 +439,17 @@ async def _run_up(config: RunConfig, options: UpOptions) -> int:
                             console.print("the in-memory broker died: an ephemeral run cannot resume")
                             exit_code = 1
                             break
-                        console.print("broker died: restarting it on its data (roles reconnect)")
-                        try:
-                            broker.restart()  # main thread: it dies with us (die_with_parent)
-                        except BrokerError as e:
-                            console.print(f"broker restart failed ({e}); retrying")
+                        _restart_broker(broker, console, "broker died")
+                    elif (
+                        broker is not None
+                        and broker.durable
+                        and time.time() - last_probe > watch.probe_every_s
+                    ):
+                        last_probe = time.time()
+                        answered = await anyio.to_thread.run_sync(broker.answers)
+                        if watch.restart_now(answered, time.time()):
+                            why = f"broker runs but has not answered for {watch.unresponsive_s:.0f} s"
+                            _restart_broker(broker, console, why)
                     if not await _supervise(procs, options.restarts, env, broker_bootstrap=bootstrap,
                                             console=console):  # fmt: skip
                         exit_code = 1

@@ -340,6 +340,12 @@ class Broker:
         children = [self._tansu] + ([self._s3] if self.durable else [])
         return all(c is not None and c.alive() for c in children)
 
+    def answers(self, timeout_s: float = 5.0) -> bool:
+        """Whether the broker answers a metadata request within `timeout_s`. Running is not enough: a
+        durable Tansu answers only while its object store does (the request reads the cluster's
+        metadata from it), and s3rver has been seen running while it reset every connection."""
+        return self.port is not None and metadata_ok(self.host, self.port, timeout_s=timeout_s)
+
     def restart(self) -> Broker:
         """Stop what is left and start again on the same port and data (a durable broker keeps its
         topics and group offsets, so clients reconnect and resume). Call from the main thread."""

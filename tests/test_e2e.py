@@ -274,27 +274,61 @@ def test_a_durable_broker_restarts_on_its_port_and_data(tmp_path: Path) -> None:
     """`up` restarts a dead durable broker on the same port and data: topics and records survive."""
     from infra.broker import Broker
 
-    async def roundtrip(kafka: KafkaConfig, send: bool) -> list:
-        from infra.topics import create_topics
-
-        await create_topics(kafka)
-        async with Bus(kafka, role="test") as bus:
-            if send:
-                await bus.send(topics.METRICS, _metric(), key="k")
-            return await bus.read_topic(topics.METRICS)
-
     broker = Broker(durable=True, data_dir=tmp_path / "broker").start()
     try:
         kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix="restart.")
-        assert len(run_sync(roundtrip(kafka, True))) == 1
+        assert len(run_sync(_roundtrip(kafka, True))) == 1
         port = broker.port
         broker.kill()
         assert not broker.alive()
         broker.restart()
         assert broker.alive() and broker.port == port
-        assert len(run_sync(roundtrip(kafka, False))) == 1
+        assert len(run_sync(_roundtrip(kafka, False))) == 1
     finally:
         broker.stop()
+
+
+def test_a_broker_that_runs_but_does_not_answer_is_restarted_on_its_data(tmp_path: Path) -> None:
+    """A durable Tansu whose object store runs but answers nothing (s3rver frozen here; in a run it kept
+    resetting every connection) answers no metadata request, though both processes run; `up` restarts
+    it after `BrokerWatch.unresponsive_s` of failed probes, and its records survive."""
+    from app.up import BrokerWatch
+    from infra.broker import Broker
+
+    broker = Broker(durable=True, data_dir=tmp_path / "broker").start()
+    try:
+        kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix="silent.")
+        assert len(run_sync(_roundtrip(kafka, True))) == 1
+        assert broker.answers(timeout_s=5.0)
+        os.kill(broker.pids["s3rver"], signal.SIGSTOP)
+        deadline = time.monotonic() + 60  # Tansu answers from its cached metadata for a few seconds
+        while broker.answers(timeout_s=2.0):
+            assert time.monotonic() < deadline, "a broker whose store is frozen kept answering"
+            time.sleep(1.0)
+        assert broker.alive()
+        broker.restart()
+        assert broker.answers(timeout_s=5.0)
+        assert len(run_sync(_roundtrip(kafka, False))) == 1
+    finally:
+        broker.stop()
+    # the rule: failed probes for 90 s in a row, counted afresh after an answer or a restart
+    watch = BrokerWatch(probe_every_s=15.0, unresponsive_s=90.0)
+    assert [watch.restart_now(False, t) for t in (0.0, 60.0, 89.9)] == [False, False, False]
+    assert watch.restart_now(False, 90.0)
+    assert not watch.restart_now(False, 100.0)  # a fresh count from 100
+    assert not watch.restart_now(True, 150.0) and not watch.restart_now(False, 160.0)
+    assert not watch.restart_now(False, 249.9) and watch.restart_now(False, 250.0)
+
+
+async def _roundtrip(kafka: KafkaConfig, send: bool) -> list:
+    """The metrics topic's records, after sending one more when `send`."""
+    from infra.topics import create_topics
+
+    await create_topics(kafka)
+    async with Bus(kafka, role="test") as bus:
+        if send:
+            await bus.send(topics.METRICS, _metric(), key="k")
+        return await bus.read_topic(topics.METRICS)
 
 
 def _metric():
