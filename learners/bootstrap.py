@@ -67,8 +67,14 @@ def _training_task(
     if not games:
         return env.sample_task(level, training_rng(rng))
     first = max(games, *getattr(env, "dagger_games", ())) if unseen else 0
-    drawn = dagger_pool(env, dagger_round) if dagger_round is not None and not unseen else games
+    drawn = games if unseen else _pool_games(env, dagger_round)
     return env.sample_task(level, random.Random(first + rng.randrange(drawn)))
+
+
+def _pool_games(env: Any, dagger_round: int | None) -> int:
+    """Games per level in the pool training tasks come from (DAgger round `dagger_round`'s, else the
+    demonstrations'); 0 where every task is new."""
+    return dagger_pool(env, dagger_round) if dagger_round is not None else getattr(env, "bootstrap_games", 0)
 
 
 def prefetch_pools(domains: list[str], dagger_round: int | None = None) -> None:
@@ -76,9 +82,7 @@ def prefetch_pools(domains: list[str], dagger_round: int | None = None) -> None:
     once, one per core, where a domain's tasks are costly to build and come from a pool (TextWorld);
     drawn lazily, they were built one at a time. A preset build calls this before its SFT or round."""
     for env in available_environments(domains).values():
-        games = (
-            dagger_pool(env, dagger_round) if dagger_round is not None else getattr(env, "bootstrap_games", 0)
-        )
+        games = _pool_games(env, dagger_round)
         if games and getattr(env, "prefetch", None) is not None:
             env.prefetch([env.sample_task(level, random.Random(i))
                           for level in _bootstrap_levels(env) for i in range(games)])  # fmt: skip
